@@ -59,6 +59,12 @@ impl TensorInfo {
         self.dims.iter().product()
     }
 
+    /// Where the tensor's data starts, counted from the start of the data section
+    /// ([`GgufFile::data_offset`]); a multiple of the file's alignment.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
     /// The size of the tensor's data in bytes.
     pub fn byte_len(&self) -> u64 {
         self.bytes
@@ -195,7 +201,7 @@ impl GgufFile {
         let alignment = match metadata.get("general.alignment") {
             None => DEFAULT_ALIGNMENT,
             Some(crate::Value::U32(a)) => u64::from(*a),
-            Some(_) => return Err(metadata.invalid("general.alignment", "must be a u32")),
+            Some(other) => return Err(metadata.wrong_type("general.alignment", "u32", other)),
         };
         if !alignment.is_power_of_two() || alignment > MAX_ALIGNMENT {
             return Err(metadata.invalid(
@@ -304,6 +310,7 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64, alignment: u64) -> Result<Te
             format!("{n_dims} is not in 1..={MAX_DIMS}"),
         ));
     }
+    let dims_at = c.pos();
     let mut dims = Vec::with_capacity(n_dims as usize);
     let mut elements: u64 = 1;
     for d in 0..n_dims {
@@ -329,7 +336,7 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: u64, alignment: u64) -> Result<Te
     if !dims[0].is_multiple_of(ggml_type.block_len()) {
         return Err(Error::invalid(
             field("dims[0]"),
-            info_offset,
+            dims_at,
             format!(
                 "{} is not a multiple of the {ggml_type} block length {}",
                 dims[0],

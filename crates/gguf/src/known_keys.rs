@@ -8,7 +8,8 @@ use crate::metadata::Metadata;
 pub const MAX_BLOCK_COUNT: u64 = 4096;
 
 const TOKENS: &str = "tokenizer.ggml.tokens";
-const PER_TOKEN_ARRAYS: [&str; 2] = ["tokenizer.ggml.scores", "tokenizer.ggml.token_type"];
+const SCORES: &str = "tokenizer.ggml.scores";
+const TOKEN_TYPES: &str = "tokenizer.ggml.token_type";
 
 pub(crate) fn validate(metadata: &Metadata) -> Result<(), Error> {
     validate_tokenizer(metadata)?;
@@ -20,14 +21,8 @@ fn validate_tokenizer(m: &Metadata) -> Result<(), Error> {
         return Ok(());
     };
     let n_tokens = m.str_array(TOKENS)?.len() as u64;
-    for key in PER_TOKEN_ARRAYS {
-        if m.get(key).is_some() {
-            let len = m.array(key)?.len() as u64;
-            if len != n_tokens {
-                return Err(m.invalid(key, format!("has {len} entries for {n_tokens} tokens")));
-            }
-        }
-    }
+    check_per_token(m, SCORES, Metadata::f32_array, n_tokens)?;
+    check_per_token(m, TOKEN_TYPES, Metadata::i32_array, n_tokens)?;
     m.opt_str("tokenizer.ggml.model")?;
     if m.get("tokenizer.ggml.merges").is_some() {
         m.str_array("tokenizer.ggml.merges")?;
@@ -45,6 +40,24 @@ fn validate_tokenizer(m: &Metadata) -> Result<(), Error> {
                 format!("token id {id} is not below the vocabulary size {n_tokens}"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// A per-token array, when present, must have its declared element type (llama.cpp once read an
+/// i8-declared token_type array as i32, past its end) and one entry per token.
+fn check_per_token<'m, T: 'm>(
+    m: &'m Metadata,
+    key: &str,
+    read: impl Fn(&'m Metadata, &str) -> Result<&'m [T], Error>,
+    n_tokens: u64,
+) -> Result<(), Error> {
+    if m.get(key).is_none() {
+        return Ok(());
+    }
+    let len = read(m, key)?.len() as u64;
+    if len != n_tokens {
+        return Err(m.invalid(key, format!("has {len} entries for {n_tokens} tokens")));
     }
     Ok(())
 }

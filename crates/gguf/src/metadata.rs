@@ -77,7 +77,7 @@ impl Metadata {
         Error::new(ErrorKind::Missing, key, self.section_offset)
     }
 
-    fn wrong_type(&self, key: &str, expected: &'static str, found: &Value) -> Error {
+    pub(crate) fn wrong_type(&self, key: &str, expected: &'static str, found: &Value) -> Error {
         let found = match found {
             Value::Array(a) => array_type_name(a),
             v => v.value_type().name(),
