@@ -1,0 +1,202 @@
+use std::fmt;
+
+use lucebox_gguf::GgmlType;
+
+use crate::activation::{ActivationFormat, QuantizeFn};
+use crate::error::UnsupportedType;
+use crate::float::{Bf16, F16, F32};
+use crate::iq4_xs::Iq4Xs;
+use crate::isa::Isa;
+use crate::kquants::{Q4K, Q5K, Q6K};
+use crate::legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+
+/// A dot product of one weight row with one activation row. The caller has checked that both
+/// hold the same number of whole blocks and that the CPU has the ISA the kernel was compiled for.
+pub(crate) type DotFn = unsafe fn(&[u8], &[u8]) -> f32;
+
+/// One weight storage format: its block layout and its kernels.
+///
+/// The portable functions are the reference every SIMD kernel is tested against.
+pub(crate) trait Format {
+    /// The ggml type this implements.
+    const TYPE: GgmlType;
+    /// The activation format its dot products take.
+    const ACTIVATION: ActivationFormat;
+    /// Dequantizes whole blocks; `src` holds exactly the blocks of `dst`.
+    fn dequantize(src: &[u8], dst: &mut [f32]);
+    /// The portable dot product.
+    fn dot(weight: &[u8], activation: &[u8]) -> f32;
+    /// The AVX2 dot product.
+    #[cfg(target_arch = "x86_64")]
+    const AVX2_DOT: DotFn;
+    /// The AVX-512 dot product, where one beats the AVX2 one.
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_DOT: DotFn = Self::AVX2_DOT;
+}
+
+/// Declares the supported formats, once.
+macro_rules! weight_formats {
+    ($($format:ty),* $(,)?) => {
+        /// Every weight type with kernels.
+        const SUPPORTED: &[GgmlType] = &[$(<$format>::TYPE),*];
+
+        fn kernels(ty: GgmlType, isa: Isa) -> Option<Kernels> {
+            $(if ty == <$format>::TYPE {
+                return Some(Kernels::of::<$format>(isa));
+            })*
+            None
+        }
+    };
+}
+
+weight_formats!(
+    F32, F16, Bf16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K, Iq4Xs
+);
+
+#[derive(Clone, Copy)]
+struct Kernels {
+    activation: ActivationFormat,
+    dequantize: fn(&[u8], &mut [f32]),
+    quantize_activation: QuantizeFn,
+    dot: DotFn,
+}
+
+impl Kernels {
+    fn of<F: Format>(isa: Isa) -> Kernels {
+        let dot: DotFn = match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => F::AVX2_DOT,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => F::AVX512_DOT,
+            _ => F::dot,
+        };
+        Kernels {
+            activation: F::ACTIVATION,
+            dequantize: F::dequantize,
+            quantize_activation: F::ACTIVATION.quantizer(isa),
+            dot,
+        }
+    }
+}
+
+/// The kernels for one weight type on one instruction-set level, chosen once.
+///
+/// ```
+/// use lucebox_quant::{GgmlType, Isa, WeightFormat};
+///
+/// let format = WeightFormat::new(GgmlType::Q8_0, Isa::detect())?;
+/// // One Q8_0 block: scale 1.0 (f16 bits 0x3c00), then the values 0, 1, ..., 31.
+/// let mut row = vec![0x00, 0x3c];
+/// row.extend(0..32u8);
+/// let x = vec![1.0f32; 32];
+/// let mut activation = vec![0; format.activation_format().row_bytes(x.len())];
+/// format.quantize_activation(&x, &mut activation);
+/// assert_eq!(format.dot(&row, &activation), (0..32).sum::<i32>() as f32);
+/// # Ok::<(), lucebox_quant::UnsupportedType>(())
+/// ```
+#[derive(Clone, Copy)]
+pub struct WeightFormat {
+    ty: GgmlType,
+    isa: Isa,
+    kernels: Kernels,
+}
+
+impl WeightFormat {
+    /// The kernels for weights of type `ty` on `isa`: those written for that level, else those of
+    /// the best level below it.
+    pub fn new(ty: GgmlType, isa: Isa) -> Result<Self, UnsupportedType> {
+        let kernels = kernels(ty, isa).ok_or(UnsupportedType::NoKernels { ty })?;
+        if !isa.is_available() {
+            return Err(UnsupportedType::IsaUnavailable { ty, isa });
+        }
+        Ok(WeightFormat { ty, isa, kernels })
+    }
+
+    /// Every weight type [`new`](Self::new) accepts.
+    pub fn supported_types() -> &'static [GgmlType] {
+        SUPPORTED
+    }
+
+    /// The weight type.
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The instruction-set level the kernels were chosen for.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// How activations must be quantized for [`dot`](Self::dot).
+    pub fn activation_format(&self) -> ActivationFormat {
+        self.kernels.activation
+    }
+
+    /// Dequantizes the weights of `dst.len()` elements from `src` into `dst`.
+    ///
+    /// # Panics
+    /// When `dst.len()` is not a whole number of blocks or `src` does not hold exactly those
+    /// blocks.
+    pub fn dequantize(&self, src: &[u8], dst: &mut [f32]) {
+        assert_eq!(
+            Some(src.len() as u64),
+            self.ty.bytes_for(dst.len() as u64),
+            "{} bytes for {} elements of {}",
+            src.len(),
+            dst.len(),
+            self.ty
+        );
+        (self.kernels.dequantize)(src, dst);
+    }
+
+    /// Quantizes one activation row into
+    /// [`activation_format().row_bytes(x.len())`](ActivationFormat::row_bytes) bytes.
+    ///
+    /// Non-finite activations give unspecified values.
+    ///
+    /// # Panics
+    /// When `dst` does not have that length.
+    pub fn quantize_activation(&self, x: &[f32], dst: &mut [u8]) {
+        assert_eq!(
+            dst.len(),
+            self.kernels.activation.row_bytes(x.len()),
+            "activation row bytes for {} elements",
+            x.len()
+        );
+        // SAFETY: `new` checked that the CPU has `isa`, and the lengths match.
+        unsafe { (self.kernels.quantize_activation)(x, dst) }
+    }
+
+    /// The dot product of one weight row with one quantized activation row of the same length.
+    ///
+    /// # Panics
+    /// When `weight_row` is not a whole number of blocks or `activation_row` does not hold as
+    /// many elements.
+    pub fn dot(&self, weight_row: &[u8], activation_row: &[u8]) -> f32 {
+        let block_bytes = self.ty.block_bytes() as usize;
+        assert!(
+            weight_row.len().is_multiple_of(block_bytes),
+            "{} weight bytes are not a whole number of {} blocks",
+            weight_row.len(),
+            self.ty
+        );
+        let elements = weight_row.len() / block_bytes * self.ty.block_len() as usize;
+        assert_eq!(
+            activation_row.len(),
+            self.kernels.activation.row_bytes(elements),
+            "activation row bytes for {elements} elements"
+        );
+        // SAFETY: `new` checked that the CPU has `isa`, and the lengths match.
+        unsafe { (self.kernels.dot)(weight_row, activation_row) }
+    }
+}
+
+impl fmt::Debug for WeightFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeightFormat")
+            .field("ty", &self.ty)
+            .field("isa", &self.isa)
+            .field("activation", &self.kernels.activation)
+            .finish()
+    }
+}

@@ -1,0 +1,186 @@
+//! The legacy 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
+//!
+//! Each block holds an `f16` scale `d`, for the affine formats an `f16` minimum `m`, and 32
+//! quantized values `q`: element `i` is `d * q[i]` (with `q` offset to be signed) or
+//! `d * q[i] + m`. Their dot products take [`ActivationFormat::Q8Block32`] activations.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+use lucebox_gguf::GgmlType;
+
+use crate::activation::{ActivationFormat, q8_32};
+use crate::bytes::{f16_at, f32_at, u32_at};
+#[cfg(target_arch = "x86_64")]
+use crate::format::DotFn;
+use crate::format::Format;
+
+/// A block unpacked by the portable code.
+struct Unpacked {
+    /// The values, with the offset of the symmetric formats already subtracted.
+    values: [i8; 32],
+    d: f32,
+    /// The minimum of the affine formats.
+    min: Option<f32>,
+}
+
+/// The layout of one legacy format.
+trait Legacy {
+    /// Bytes in one block.
+    const BYTES: usize;
+    /// Unpacks one block of [`BYTES`](Self::BYTES) bytes.
+    fn unpack(block: &[u8]) -> Unpacked;
+}
+
+fn dequantize<L: Legacy>(src: &[u8], dst: &mut [f32]) {
+    for (block, y) in src.chunks_exact(L::BYTES).zip(dst.chunks_exact_mut(32)) {
+        let Unpacked { values, d, min } = L::unpack(block);
+        for (y, &q) in y.iter_mut().zip(&values) {
+            *y = match min {
+                None => d * f32::from(q),
+                Some(m) => d * f32::from(q) + m,
+            };
+        }
+    }
+}
+
+fn dot<L: Legacy>(weight: &[u8], activation: &[u8]) -> f32 {
+    let mut sum = 0.0;
+    let activations = activation.chunks_exact(q8_32::BYTES);
+    for (block, a) in weight.chunks_exact(L::BYTES).zip(activations) {
+        let Unpacked { values, d, min } = L::unpack(block);
+        let products: i32 = values
+            .iter()
+            .zip(&a[..32])
+            .map(|(&w, &x)| i32::from(w) * i32::from(x as i8))
+            .sum();
+        sum += d * f32_at(a, q8_32::D) * products as f32;
+        if let Some(m) = min {
+            sum += m * f32_at(a, q8_32::SUM);
+        }
+    }
+    sum
+}
+
+/// Splits 16 bytes into 32 4-bit values: the low nibbles are elements 0..16, the high ones 16..32.
+fn nibbles(packed: &[u8]) -> [u8; 32] {
+    std::array::from_fn(|i| {
+        let byte = packed[i % 16];
+        if i < 16 { byte & 0x0f } else { byte >> 4 }
+    })
+}
+
+/// Adds bit `i` of `high_bits` to value `i` as its fifth bit.
+fn with_fifth_bits(mut values: [u8; 32], high_bits: u32) -> [u8; 32] {
+    for (i, value) in values.iter_mut().enumerate() {
+        *value |= (((high_bits >> i) & 1) as u8) << 4;
+    }
+    values
+}
+
+/// Converts unsigned values into signed ones centred on `offset`.
+fn centred(values: [u8; 32], offset: u8) -> [i8; 32] {
+    values.map(|q| q as i8 - offset as i8)
+}
+
+/// Q4_0: `d`, then 16 bytes of nibbles; values are offset by 8.
+pub(crate) struct Q4_0;
+
+impl Legacy for Q4_0 {
+    const BYTES: usize = 18;
+    fn unpack(block: &[u8]) -> Unpacked {
+        Unpacked {
+            values: centred(nibbles(&block[2..18]), 8),
+            d: f16_at(block, 0),
+            min: None,
+        }
+    }
+}
+
+/// Q4_1: `d`, `m`, then 16 bytes of nibbles.
+pub(crate) struct Q4_1;
+
+impl Legacy for Q4_1 {
+    const BYTES: usize = 20;
+    fn unpack(block: &[u8]) -> Unpacked {
+        Unpacked {
+            values: nibbles(&block[4..20]).map(|q| q as i8),
+            d: f16_at(block, 0),
+            min: Some(f16_at(block, 2)),
+        }
+    }
+}
+
+/// Q5_0: `d`, the 32 fifth bits, then 16 bytes of nibbles; values are offset by 16.
+pub(crate) struct Q5_0;
+
+impl Legacy for Q5_0 {
+    const BYTES: usize = 22;
+    fn unpack(block: &[u8]) -> Unpacked {
+        let values = with_fifth_bits(nibbles(&block[6..22]), u32_at(block, 2));
+        Unpacked {
+            values: centred(values, 16),
+            d: f16_at(block, 0),
+            min: None,
+        }
+    }
+}
+
+/// Q5_1: `d`, `m`, the 32 fifth bits, then 16 bytes of nibbles.
+pub(crate) struct Q5_1;
+
+impl Legacy for Q5_1 {
+    const BYTES: usize = 24;
+    fn unpack(block: &[u8]) -> Unpacked {
+        let values = with_fifth_bits(nibbles(&block[8..24]), u32_at(block, 4));
+        Unpacked {
+            values: values.map(|q| q as i8),
+            d: f16_at(block, 0),
+            min: Some(f16_at(block, 2)),
+        }
+    }
+}
+
+/// Q8_0: `d`, then 32 `i8` values.
+pub(crate) struct Q8_0;
+
+impl Legacy for Q8_0 {
+    const BYTES: usize = 34;
+    fn unpack(block: &[u8]) -> Unpacked {
+        Unpacked {
+            values: std::array::from_fn(|i| block[2 + i] as i8),
+            d: f16_at(block, 0),
+            min: None,
+        }
+    }
+}
+
+/// Implements [`Format`] for the legacy formats, whose portable kernels are generic.
+macro_rules! legacy_formats {
+    ($($format:ident: $avx2:ident $(, $avx512:ident)?;)*) => {$(
+        impl Format for $format {
+            const TYPE: GgmlType = GgmlType::$format;
+            const ACTIVATION: ActivationFormat = ActivationFormat::Q8Block32;
+            fn dequantize(src: &[u8], dst: &mut [f32]) {
+                dequantize::<Self>(src, dst)
+            }
+            fn dot(weight: &[u8], activation: &[u8]) -> f32 {
+                dot::<Self>(weight, activation)
+            }
+            #[cfg(target_arch = "x86_64")]
+            const AVX2_DOT: DotFn = avx2::$avx2;
+            $(
+                #[cfg(target_arch = "x86_64")]
+                const AVX512_DOT: DotFn = avx512::$avx512;
+            )?
+        }
+    )*};
+}
+
+legacy_formats! {
+    Q4_0: dot_q4_0;
+    Q4_1: dot_q4_1;
+    Q5_0: dot_q5_0;
+    Q5_1: dot_q5_1;
+    Q8_0: dot_q8_0;
+}

@@ -1,0 +1,89 @@
+//! Small x86-64 helpers shared by the SIMD kernels: loads from fixed-size byte arrays (so that the
+//! kernels themselves need no unsafe code) and horizontal reductions.
+
+use std::arch::x86_64::*;
+
+/// The `N` bytes of `bytes` starting at `offset`. Kernels call this with constant offsets
+/// inside fixed-size blocks, where it compiles to nothing.
+#[inline(always)]
+pub(crate) fn array<const N: usize>(bytes: &[u8], offset: usize) -> &[u8; N] {
+    bytes[offset..]
+        .first_chunk::<N>()
+        .expect("block field lies within its block")
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn load256(bytes: &[u8; 32]) -> __m256i {
+    // SAFETY: `bytes` is 32 readable bytes and the load has no alignment requirement.
+    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn load128(bytes: &[u8; 16]) -> __m128i {
+    // SAFETY: `bytes` is 16 readable bytes and the load has no alignment requirement.
+    unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
+}
+
+/// Eight little-endian `f32` values.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn load_f32x8(bytes: &[u8; 32]) -> __m256 {
+    _mm256_castsi256_ps(load256(bytes))
+}
+
+/// Widens the `f16` with bits `bits` to `f32`.
+#[target_feature(enable = "f16c")]
+#[inline]
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The sum of the eight lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn sum_f32x8(v: __m256) -> f32 {
+    let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
+}
+
+/// Sums adjacent pairs of `i16` lanes into `i32` lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn sum_i16_pairs(v: __m256i) -> __m256i {
+    _mm256_madd_epi16(v, _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn load_f32s(values: &[f32; 8]) -> __m256 {
+    // SAFETY: `values` is 32 readable bytes and the load has no alignment requirement.
+    unsafe { _mm256_loadu_ps(values.as_ptr()) }
+}
+
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn store256(bytes: &mut [u8; 32], v: __m256i) {
+    // SAFETY: `bytes` is 32 writable bytes and the store has no alignment requirement.
+    unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), v) }
+}
+
+/// The largest of the eight lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn max_f32x8(v: __m256) -> f32 {
+    let quad = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let pair = _mm_max_ps(quad, _mm_movehl_ps(quad, quad));
+    _mm_cvtss_f32(_mm_max_ss(pair, _mm_movehdup_ps(pair)))
+}
+
+/// The sum of the eight `i32` lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn sum_i32x8(v: __m256i) -> i32 {
+    let quad = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let pair = _mm_add_epi32(quad, _mm_unpackhi_epi64(quad, quad));
+    _mm_cvtsi128_si32(_mm_add_epi32(pair, _mm_shuffle_epi32(pair, 0b01)))
+}
