@@ -7,6 +7,7 @@ mod avx2;
 use lucebox_gguf::GgmlType;
 
 use crate::activation::ActivationFormat;
+use crate::bytes::f16_to_f32;
 #[cfg(target_arch = "x86_64")]
 use crate::format::DotFn;
 use crate::format::Format;
@@ -33,11 +34,11 @@ fn dequantize<const N: usize>(src: &[u8], dst: &mut [f32], widen: fn([u8; N]) ->
 }
 
 fn f16_widen(bytes: [u8; 2]) -> f32 {
-    half::f16::from_le_bytes(bytes).to_f32()
+    f16_to_f32(u16::from_le_bytes(bytes))
 }
 
 fn bf16_widen(bytes: [u8; 2]) -> f32 {
-    half::bf16::from_le_bytes(bytes).to_f32()
+    f32::from_bits(u32::from(u16::from_le_bytes(bytes)) << 16)
 }
 
 /// F32 weights.

@@ -4,8 +4,8 @@ use std::arch::x86_64::*;
 
 use super::{BYTES, VALUES, scales};
 use crate::activation::q8_256;
-use crate::bytes::{f32_at, u16_at};
-use crate::simd::{array, f16_to_f32, load128, load256, sum_f32x8};
+use crate::bytes::f32_at;
+use crate::simd::{array, f16_at, load128, load256, sum_f32x8};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_iq4_xs(weight: &[u8], activation: &[u8]) -> f32 {
@@ -30,7 +30,7 @@ pub(super) fn dot_iq4_xs(weight: &[u8], activation: &[u8]) -> f32 {
             let scaled = _mm256_madd_epi16(_mm256_set1_epi16(i16::from(scale)), products);
             sum = _mm256_add_epi32(sum, scaled);
         }
-        let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_to_f32(u16_at(w, 0)));
+        let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_at(w, 0));
         acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
     }
     sum_f32x8(acc)

@@ -7,8 +7,8 @@
 use std::arch::x86_64::*;
 
 use crate::activation::q8_256;
-use crate::bytes::{f32_at, u16_at, u32_at};
-use crate::simd::{array, f16_to_f32, load128, load256, sum_f32x8};
+use crate::bytes::{f32_at, u32_at};
+use crate::simd::{array, f16_at, load128, load256, sum_f32x8};
 
 /// Q4_K and Q5_K's 12 packed bytes as eight `u8` scales (bytes 0..8) and eight `u8` minimums
 /// (bytes 8..16).
@@ -89,7 +89,7 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize>(
         let d = f32_at(a, q8_256::D);
         let scales_mins = _mm256_cvtepu8_epi16(scales_and_mins(w));
         let mins = _mm256_extracti128_si256(scales_mins, 1);
-        let min_scale = -d * f16_to_f32(u16_at(w, 2));
+        let min_scale = -d * f16_at(w, 2);
         let min_products = _mm_cvtepi32_ps(mins_times_sums(mins, a));
         acc_mins = _mm_fmadd_ps(_mm_set1_ps(min_scale), min_products, acc_mins);
 
@@ -109,7 +109,7 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize>(
             );
             sum = _mm256_add_epi32(sum, pair);
         }
-        let scale = _mm256_set1_ps(d * f16_to_f32(u16_at(w, 0)));
+        let scale = _mm256_set1_ps(d * f16_at(w, 0));
         acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
     }
     let mins = _mm_add_ps(acc_mins, _mm_movehl_ps(acc_mins, acc_mins));
@@ -193,7 +193,7 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(scale, products));
             }
         }
-        let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_to_f32(u16_at(w, 208)));
+        let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_at(w, 208));
         acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
     }
     sum_f32x8(acc)

@@ -6,8 +6,8 @@
 use std::arch::x86_64::*;
 
 use crate::activation::q8_32;
-use crate::bytes::{f32_at, u16_at, u32_at};
-use crate::simd::{array, f16_to_f32, load128, load256, sum_f32x8, sum_i16_pairs};
+use crate::bytes::{f32_at, u32_at};
+use crate::simd::{array, f16_at, load128, load256, sum_f32x8, sum_i16_pairs};
 
 /// A weight block unpacked into 32 unsigned bytes `q`, its scale `d` and `bias`: the block is
 /// `d * q[i] + bias`.
@@ -72,7 +72,7 @@ fn fifth_bits(bits: u32) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_0(weight: &[u8], activation: &[u8]) -> f32 {
     dot_unsigned::<18>(weight, activation, |w| {
-        let d = f16_to_f32(u16_at(w, 0));
+        let d = f16_at(w, 0);
         Unsigned {
             q: nibbles(array(w, 2)),
             d,
@@ -85,15 +85,15 @@ pub(super) fn dot_q4_0(weight: &[u8], activation: &[u8]) -> f32 {
 pub(super) fn dot_q4_1(weight: &[u8], activation: &[u8]) -> f32 {
     dot_unsigned::<20>(weight, activation, |w| Unsigned {
         q: nibbles(array(w, 4)),
-        d: f16_to_f32(u16_at(w, 0)),
-        bias: f16_to_f32(u16_at(w, 2)),
+        d: f16_at(w, 0),
+        bias: f16_at(w, 2),
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
     dot_unsigned::<22>(weight, activation, |w| {
-        let d = f16_to_f32(u16_at(w, 0));
+        let d = f16_at(w, 0);
         Unsigned {
             q: _mm256_or_si256(nibbles(array(w, 6)), fifth_bits(u32_at(w, 2))),
             d,
@@ -106,8 +106,8 @@ pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
 pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
     dot_unsigned::<24>(weight, activation, |w| Unsigned {
         q: _mm256_or_si256(nibbles(array(w, 8)), fifth_bits(u32_at(w, 4))),
-        d: f16_to_f32(u16_at(w, 0)),
-        bias: f16_to_f32(u16_at(w, 2)),
+        d: f16_at(w, 0),
+        bias: f16_at(w, 2),
     })
 }
 
@@ -122,7 +122,7 @@ pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
         // maddubs wants one unsigned operand: move the weights' signs onto the activations.
         // |q| <= 128 and |x| <= 127, in pairs: no i16 overflow.
         let products = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-        let scale = _mm256_set1_ps(f16_to_f32(u16_at(w, 0)) * f32_at(a, q8_32::D));
+        let scale = _mm256_set1_ps(f16_at(w, 0) * f32_at(a, q8_32::D));
         acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum_i16_pairs(products)), acc);
     }
     sum_f32x8(acc)
