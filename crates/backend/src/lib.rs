@@ -1,1 +1,25 @@
-//! placeholder
+//! Compute backends: the device-side half of Lucebox.
+//!
+//! The [`Backend`] trait is the one interface between the device-agnostic layers (model graph,
+//! engine) and a device. It owns memory (weights, activations, KV cache) and runs the operations
+//! of a forward pass over a [`RaggedBatch`], the single input shape shared by prefill, decode and
+//! speculative verification. [`CpuBackend`] implements it on the host with SIMD kernels chosen at
+//! run time; CUDA and HIP backends implement the same trait.
+//!
+//! ```no_run
+//! use lucebox_backend::{Backend, CpuBackend};
+//! let cpu = CpuBackend::new(None)?;
+//! println!("{}", cpu.describe());
+//! # Ok::<(), lucebox_backend::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+mod backend;
+mod batch;
+mod cpu;
+mod error;
+
+pub use backend::{AttentionShape, Backend, BatchCapacity, KvLayout, Rope, RopeStyle};
+pub use batch::RaggedBatch;
+pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};
+pub use error::Error;

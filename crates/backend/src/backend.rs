@@ -1,0 +1,213 @@
+use std::sync::Arc;
+
+use lucebox_gguf::GgufFile;
+
+use crate::{Error, RaggedBatch};
+
+/// How rotary position embeddings pair up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: llama.cpp's "normal" RoPE, used by `llama` models whose
+    /// converter permuted the Q and K weights.
+    Adjacent,
+    /// Pairs `(i, i + n_rot/2)`: the GPT-NeoX layout, used by `qwen2` and `qwen3`.
+    Neox,
+}
+
+/// The rotary position embedding of a model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// How dimensions are paired.
+    pub style: RopeStyle,
+    /// How many leading dimensions of each head rotate (the rest pass through).
+    pub rotary_dims: usize,
+    /// The base of the frequencies, `theta_i = position * base^(-2i / rotary_dims)`.
+    pub freq_base: f64,
+    /// Linear position scaling: positions are multiplied by this factor (1 when unscaled).
+    pub position_scale: f64,
+}
+
+/// The shape of one model's KV cache pool: `blocks` blocks of `block_tokens` positions, for
+/// every layer, holding K and V in f16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Blocks in the pool, shared by all sequences.
+    pub blocks: usize,
+    /// Positions per block.
+    pub block_tokens: usize,
+    /// KV heads per layer.
+    pub kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Bytes the pool takes (K and V, f16).
+    pub fn bytes(&self) -> u64 {
+        2 * 2
+            * (self.layers * self.blocks * self.block_tokens * self.kv_heads * self.head_dim) as u64
+    }
+}
+
+/// The most a prepared batch can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchCapacity {
+    /// Tokens per forward pass.
+    pub tokens: usize,
+    /// Sequences per forward pass.
+    pub sequences: usize,
+    /// Block-table entries per forward pass, summed over its sequences.
+    pub blocks: usize,
+    /// Tokens per forward pass whose logits are wanted.
+    pub logits: usize,
+}
+
+/// The head geometry of attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub heads: usize,
+    /// KV heads; each serves `heads / kv_heads` query heads.
+    pub kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+    /// The factor applied to `q . k`, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// A compute device: it owns weights, activations and the KV cache in its own memory, and runs
+/// the operations of a forward pass over a [`RaggedBatch`].
+///
+/// Everything above this trait is device-agnostic: a model is a sequence of these calls, and no
+/// caller touches device memory except through [`read_rows`](Backend::read_rows) and
+/// [`argmax_rows`](Backend::argmax_rows), which are the only points where the host waits for
+/// the device. Operations may run asynchronously in issue order. Batch metadata reaches the
+/// device only through [`set_batch`](Backend::set_batch), into a buffer of fixed capacity, so a
+/// device backend can capture one forward pass of a given batch shape as a graph and replay it
+/// after each `set_batch`.
+///
+/// Activations are row-major f32 matrices of fixed capacity; operations name how many rows they
+/// cover. Matrices are weights `[rows = outputs, cols = inputs]` in the file's storage format.
+pub trait Backend: Send + Sync + 'static {
+    /// A weight matrix on the device, in its storage format.
+    type Matrix: Send + Sync;
+    /// An f32 vector on the device (norm weights, biases).
+    type Vector: Send + Sync;
+    /// An f32 activation matrix on the device.
+    type Activations: Send;
+    /// A KV cache pool on the device.
+    type KvCache: Send;
+    /// A batch's metadata on the device, with its per-token rotary tables.
+    type Batch: Send;
+
+    /// A short description, such as `cpu (avx512, 2 threads)`.
+    fn describe(&self) -> String;
+
+    /// Makes the 2-D tensor `name` of `file` a matrix on the device.
+    fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<Self::Matrix, Error>;
+    /// Makes the 1-D tensor `name` of `file` an f32 vector on the device.
+    fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<Self::Vector, Error>;
+    /// The length of a vector.
+    fn vector_len(&self, v: &Self::Vector) -> usize;
+    /// The (rows, cols) of a matrix.
+    fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize);
+
+    /// An activation matrix of up to `rows` rows of `cols` values.
+    fn activations(&self, rows: usize, cols: usize) -> Result<Self::Activations, Error>;
+    /// A KV cache pool.
+    fn kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache, Error>;
+    /// A batch buffer of the given capacity for a model with the given rotary embedding.
+    fn batch(&self, capacity: BatchCapacity, rope: Rope) -> Result<Self::Batch, Error>;
+    /// Copies a batch description to the device. Fails if it exceeds the buffer's capacity.
+    fn set_batch(&self, dst: &mut Self::Batch, src: &RaggedBatch) -> Result<(), Error>;
+
+    /// `out[t] = table[token t]` for every token of the batch.
+    fn embed(
+        &self,
+        table: &Self::Matrix,
+        batch: &Self::Batch,
+        out: &mut Self::Activations,
+    ) -> Result<(), Error>;
+    /// RMS normalisation of `rows` rows: `out = x / rms(x) * weight`.
+    fn rms_norm(
+        &self,
+        x: &Self::Activations,
+        weight: &Self::Vector,
+        eps: f32,
+        rows: usize,
+        out: &mut Self::Activations,
+    ) -> Result<(), Error>;
+    /// RMS normalisation in place of each head of `rows` rows, each row holding
+    /// `cols / weight.len()` heads (the q/k norms of `qwen3`).
+    fn rms_norm_heads(
+        &self,
+        x: &mut Self::Activations,
+        weight: &Self::Vector,
+        eps: f32,
+        rows: usize,
+    ) -> Result<(), Error>;
+    /// `out = x . matrix^T (+ bias)` for `rows` rows.
+    fn matmul(
+        &self,
+        matrix: &Self::Matrix,
+        bias: Option<&Self::Vector>,
+        x: &Self::Activations,
+        rows: usize,
+        out: &mut Self::Activations,
+    ) -> Result<(), Error>;
+    /// Rotates each head of each batch row in place by its token's position.
+    fn rope(
+        &self,
+        x: &mut Self::Activations,
+        batch: &Self::Batch,
+        head_dim: usize,
+    ) -> Result<(), Error>;
+    /// Writes the batch's K and V rows into their sequences' slots of `layer`.
+    fn store_kv(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Activations,
+        v: &Self::Activations,
+        batch: &Self::Batch,
+    ) -> Result<(), Error>;
+    /// Causal attention of each batch row's queries over its sequence's KV at positions
+    /// `0..=position`.
+    fn attention(
+        &self,
+        q: &Self::Activations,
+        cache: &Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+        shape: AttentionShape,
+        out: &mut Self::Activations,
+    ) -> Result<(), Error>;
+    /// `gate = silu(gate) * up` for `rows` rows.
+    fn silu_mul(
+        &self,
+        gate: &mut Self::Activations,
+        up: &Self::Activations,
+        rows: usize,
+    ) -> Result<(), Error>;
+    /// `x += y` for `rows` rows.
+    fn add(
+        &self,
+        x: &mut Self::Activations,
+        y: &Self::Activations,
+        rows: usize,
+    ) -> Result<(), Error>;
+    /// `out[i] = x[batch.logits_rows()[i]]`: keeps the rows whose logits are wanted.
+    fn gather_logits_rows(
+        &self,
+        x: &Self::Activations,
+        batch: &Self::Batch,
+        out: &mut Self::Activations,
+    ) -> Result<(), Error>;
+
+    /// Copies `rows` rows to the host; `out.len()` must be `rows * cols`.
+    fn read_rows(&self, x: &Self::Activations, rows: usize, out: &mut [f32]) -> Result<(), Error>;
+    /// The index of the largest value of each of `out.len()` rows (the first, on ties).
+    fn argmax_rows(&self, x: &Self::Activations, out: &mut [u32]) -> Result<(), Error>;
+}

@@ -1,0 +1,601 @@
+//! The CPU backend: weights stay in the memory-mapped file, activations and the KV cache live
+//! in host memory, and every operation runs on a fixed pool of threads with SIMD kernels chosen
+//! at run time.
+
+mod attention;
+mod elementwise;
+mod matmul;
+mod pool;
+
+use std::sync::{Arc, Mutex};
+
+use half::f16;
+use lucebox_gguf::GgufFile;
+use lucebox_quant::{Isa, WeightFormat};
+
+use crate::{
+    AttentionShape, Backend, BatchCapacity, Error, KvLayout, RaggedBatch, Rope, RopeStyle,
+};
+use pool::ThreadPool;
+
+const NAME: &str = "cpu";
+
+/// The CPU backend.
+#[derive(Debug)]
+pub struct CpuBackend {
+    pool: ThreadPool,
+    isa: Isa,
+    /// The quantized activations of the matmul in progress; grows to the largest matmul seen
+    /// and is then reused, so steady-state decoding does not allocate.
+    quantized: Mutex<Vec<u8>>,
+}
+
+impl CpuBackend {
+    /// A backend running on `threads` threads (all cores when `None`), with the best
+    /// instruction set this CPU has.
+    pub fn new(threads: Option<usize>) -> Result<Self, Error> {
+        Self::with_isa(threads, Isa::detect())
+    }
+
+    /// A backend restricted to `isa`, which must be available on this CPU.
+    pub fn with_isa(threads: Option<usize>, isa: Isa) -> Result<Self, Error> {
+        if !isa.is_available() {
+            return Err(Error::Unavailable {
+                backend: NAME,
+                reason: format!("{isa:?} instructions are not available on this CPU"),
+            });
+        }
+        let threads = threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .max(1);
+        let pool = ThreadPool::new(threads).map_err(|e| Error::Unavailable {
+            backend: NAME,
+            reason: format!("cannot start {threads} threads: {e}"),
+        })?;
+        Ok(Self {
+            pool,
+            isa,
+            quantized: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// The number of threads that run each operation.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+}
+
+/// A weight matrix, read in place from the mapped file.
+#[derive(Debug)]
+pub struct CpuMatrix {
+    file: Arc<GgufFile>,
+    name: String,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+impl CpuMatrix {
+    fn bytes(&self) -> &[u8] {
+        self.file
+            .tensor(&self.name)
+            .expect("tensor existed when the matrix was loaded")
+            .data()
+    }
+
+    fn row<'a>(&self, bytes: &'a [u8], row: usize) -> &'a [u8] {
+        &bytes[row * self.row_bytes..(row + 1) * self.row_bytes]
+    }
+}
+
+/// An f32 vector in host memory.
+#[derive(Debug)]
+pub struct CpuVector(Vec<f32>);
+
+/// A row-major f32 matrix in host memory.
+#[derive(Debug)]
+pub struct CpuActivations {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuActivations {
+    fn rows(&self, rows: usize) -> &[f32] {
+        &self.data[..rows * self.cols]
+    }
+
+    fn rows_mut(&mut self, rows: usize) -> &mut [f32] {
+        &mut self.data[..rows * self.cols]
+    }
+}
+
+/// A KV cache pool in host memory: per layer, `[block][slot][kv_head][head_dim]` in f16.
+#[derive(Debug)]
+pub struct CpuKvCache {
+    layout: KvLayout,
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
+}
+
+/// A batch's metadata, with the cosines and sines of every token's rotation.
+#[derive(Debug)]
+pub struct CpuBatch {
+    capacity: BatchCapacity,
+    rope: Rope,
+    batch: RaggedBatch,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+fn check_rows(op: &'static str, rows: usize, what: &CpuActivations) -> Result<(), Error> {
+    if rows > what.rows {
+        return Err(Error::Shape {
+            op,
+            detail: format!("{rows} rows exceed the capacity of {}", what.rows),
+        });
+    }
+    Ok(())
+}
+
+fn check_cols(op: &'static str, name: &str, got: usize, want: usize) -> Result<(), Error> {
+    if got != want {
+        return Err(Error::Shape {
+            op,
+            detail: format!("{name} has {got} columns, expected {want}"),
+        });
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Matrix = CpuMatrix;
+    type Vector = CpuVector;
+    type Activations = CpuActivations;
+    type KvCache = CpuKvCache;
+    type Batch = CpuBatch;
+
+    fn describe(&self) -> String {
+        format!("{NAME} ({:?}, {} threads)", self.isa, self.threads())
+    }
+
+    fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuMatrix, Error> {
+        let view = file.tensor(name).ok_or_else(|| Error::Shape {
+            op: "load_matrix",
+            detail: format!("tensor {name} is missing"),
+        })?;
+        let &[cols, rows] = view.dims() else {
+            return Err(Error::Shape {
+                op: "load_matrix",
+                detail: format!("tensor {name} has dims {:?}, expected 2", view.dims()),
+            });
+        };
+        let format =
+            WeightFormat::new(view.ggml_type(), self.isa).map_err(|_| Error::UnsupportedType {
+                tensor: name.to_owned(),
+                ty: view.ggml_type(),
+                backend: NAME,
+            })?;
+        let (rows, cols) = (rows as usize, cols as usize);
+        let row_bytes = view.data().len() / rows;
+        Ok(CpuMatrix {
+            file: Arc::clone(file),
+            name: name.to_owned(),
+            format,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuVector, Error> {
+        let view = file.tensor(name).ok_or_else(|| Error::Shape {
+            op: "load_vector",
+            detail: format!("tensor {name} is missing"),
+        })?;
+        let &[len] = view.dims() else {
+            return Err(Error::Shape {
+                op: "load_vector",
+                detail: format!("tensor {name} has dims {:?}, expected 1", view.dims()),
+            });
+        };
+        let format =
+            WeightFormat::new(view.ggml_type(), self.isa).map_err(|_| Error::UnsupportedType {
+                tensor: name.to_owned(),
+                ty: view.ggml_type(),
+                backend: NAME,
+            })?;
+        let mut values = vec![0.0; len as usize];
+        format.dequantize(view.data(), &mut values);
+        Ok(CpuVector(values))
+    }
+
+    fn vector_len(&self, v: &CpuVector) -> usize {
+        v.0.len()
+    }
+
+    fn matrix_shape(&self, m: &CpuMatrix) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn activations(&self, rows: usize, cols: usize) -> Result<CpuActivations, Error> {
+        let len = rows.checked_mul(cols).ok_or(Error::OutOfMemory {
+            what: "activations",
+            bytes: u64::MAX,
+        })?;
+        Ok(CpuActivations {
+            data: try_zeroed(len, "activations")?,
+            rows,
+            cols,
+        })
+    }
+
+    fn kv_cache(&self, layout: KvLayout) -> Result<CpuKvCache, Error> {
+        let per_layer = layout.blocks * layout.block_tokens * layout.kv_heads * layout.head_dim;
+        let layer = || try_filled(per_layer, f16::ZERO, "kv cache");
+        let k = (0..layout.layers)
+            .map(|_| layer())
+            .collect::<Result<_, _>>()?;
+        let v = (0..layout.layers)
+            .map(|_| layer())
+            .collect::<Result<_, _>>()?;
+        Ok(CpuKvCache { layout, k, v })
+    }
+
+    fn batch(&self, capacity: BatchCapacity, rope: Rope) -> Result<CpuBatch, Error> {
+        let half_rot = rope.rotary_dims / 2;
+        let mut batch = RaggedBatch::new();
+        batch.tokens.reserve(capacity.tokens);
+        batch.positions.reserve(capacity.tokens);
+        batch.token_seq.reserve(capacity.tokens);
+        batch.logits_rows.reserve(capacity.logits);
+        batch.seqs.reserve(capacity.sequences);
+        batch.block_ids.reserve(capacity.blocks);
+        Ok(CpuBatch {
+            capacity,
+            rope,
+            batch,
+            cos: try_zeroed(capacity.tokens * half_rot, "rope table")?,
+            sin: try_zeroed(capacity.tokens * half_rot, "rope table")?,
+        })
+    }
+
+    fn set_batch(&self, dst: &mut CpuBatch, src: &RaggedBatch) -> Result<(), Error> {
+        let cap = dst.capacity;
+        if src.len() > cap.tokens
+            || src.sequences() > cap.sequences
+            || src.block_ids.len() > cap.blocks
+            || src.logits_rows().len() > cap.logits
+        {
+            return Err(Error::Batch(format!(
+                "{} tokens, {} sequences, {} blocks, {} logits rows exceed the capacity {cap:?}",
+                src.len(),
+                src.sequences(),
+                src.block_ids.len(),
+                src.logits_rows().len(),
+            )));
+        }
+        dst.batch.copy_from(src);
+        elementwise::rope_tables(&dst.rope, src.positions(), &mut dst.cos, &mut dst.sin);
+        Ok(())
+    }
+
+    fn embed(
+        &self,
+        table: &CpuMatrix,
+        batch: &CpuBatch,
+        out: &mut CpuActivations,
+    ) -> Result<(), Error> {
+        let tokens = batch.batch.tokens();
+        check_rows("embed", tokens.len(), out)?;
+        check_cols("embed", "output", out.cols, table.cols)?;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+            return Err(Error::Batch(format!(
+                "token {t} is not below the vocabulary size {}",
+                table.rows
+            )));
+        }
+        let bytes = table.bytes();
+        let cols = table.cols;
+        for (&token, row) in tokens.iter().zip(out.data.chunks_exact_mut(cols)) {
+            table
+                .format
+                .dequantize(table.row(bytes, token as usize), row);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CpuActivations,
+        weight: &CpuVector,
+        eps: f32,
+        rows: usize,
+        out: &mut CpuActivations,
+    ) -> Result<(), Error> {
+        check_rows("rms_norm", rows, x)?;
+        check_rows("rms_norm", rows, out)?;
+        check_cols("rms_norm", "input", x.cols, weight.0.len())?;
+        check_cols("rms_norm", "output", out.cols, weight.0.len())?;
+        for (src, dst) in x
+            .rows(rows)
+            .chunks_exact(x.cols)
+            .zip(out.rows_mut(rows).chunks_exact_mut(x.cols))
+        {
+            elementwise::rms_norm(src, &weight.0, eps, dst);
+        }
+        Ok(())
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut CpuActivations,
+        weight: &CpuVector,
+        eps: f32,
+        rows: usize,
+    ) -> Result<(), Error> {
+        check_rows("rms_norm_heads", rows, x)?;
+        let head_dim = weight.0.len();
+        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
+            return Err(Error::Shape {
+                op: "rms_norm_heads",
+                detail: format!("{} columns do not split into heads of {head_dim}", x.cols),
+            });
+        }
+        for head in x.rows_mut(rows).chunks_exact_mut(head_dim) {
+            elementwise::rms_norm_in_place(head, &weight.0, eps);
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        matrix: &CpuMatrix,
+        bias: Option<&CpuVector>,
+        x: &CpuActivations,
+        rows: usize,
+        out: &mut CpuActivations,
+    ) -> Result<(), Error> {
+        check_rows("matmul", rows, x)?;
+        check_rows("matmul", rows, out)?;
+        check_cols("matmul", "input", x.cols, matrix.cols)?;
+        check_cols("matmul", "output", out.cols, matrix.rows)?;
+        if let Some(b) = bias {
+            check_cols("matmul", "bias", b.0.len(), matrix.rows)?;
+        }
+        let mut quantized = self.quantized.lock().unwrap_or_else(|e| e.into_inner());
+        matmul::matmul(
+            &self.pool,
+            matrix,
+            bias.map(|b| &b.0[..]),
+            x.rows(rows),
+            rows,
+            out.rows_mut(rows),
+            &mut quantized,
+        );
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut CpuActivations, batch: &CpuBatch, head_dim: usize) -> Result<(), Error> {
+        let rows = batch.batch.len();
+        check_rows("rope", rows, x)?;
+        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) || batch.rope.rotary_dims > head_dim {
+            return Err(Error::Shape {
+                op: "rope",
+                detail: format!(
+                    "{} columns, heads of {head_dim}, {} rotary dims",
+                    x.cols, batch.rope.rotary_dims
+                ),
+            });
+        }
+        let half_rot = batch.rope.rotary_dims / 2;
+        let cols = x.cols;
+        for (t, row) in x.rows_mut(rows).chunks_exact_mut(cols).enumerate() {
+            let cos = &batch.cos[t * half_rot..(t + 1) * half_rot];
+            let sin = &batch.sin[t * half_rot..(t + 1) * half_rot];
+            for head in row.chunks_exact_mut(head_dim) {
+                match batch.rope.style {
+                    RopeStyle::Adjacent => elementwise::rotate_adjacent(head, cos, sin),
+                    RopeStyle::Neox => elementwise::rotate_neox(head, cos, sin),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn store_kv(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        k: &CpuActivations,
+        v: &CpuActivations,
+        batch: &CpuBatch,
+    ) -> Result<(), Error> {
+        let l = cache.layout;
+        let width = l.kv_heads * l.head_dim;
+        let rows = batch.batch.len();
+        check_rows("store_kv", rows, k)?;
+        check_rows("store_kv", rows, v)?;
+        check_cols("store_kv", "k", k.cols, width)?;
+        check_cols("store_kv", "v", v.cols, width)?;
+        if layer >= l.layers {
+            return Err(Error::Shape {
+                op: "store_kv",
+                detail: format!("layer {layer} of {}", l.layers),
+            });
+        }
+        check_kv_positions(&batch.batch, &l)?;
+        for t in 0..rows {
+            let slot = slot_of(&batch.batch, &l, t);
+            let dst = slot * width..(slot + 1) * width;
+            let src = t * width..(t + 1) * width;
+            elementwise::to_f16(&k.data[src.clone()], &mut cache.k[layer][dst.clone()]);
+            elementwise::to_f16(&v.data[src], &mut cache.v[layer][dst]);
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuActivations,
+        cache: &CpuKvCache,
+        layer: usize,
+        batch: &CpuBatch,
+        shape: AttentionShape,
+        out: &mut CpuActivations,
+    ) -> Result<(), Error> {
+        let l = cache.layout;
+        let rows = batch.batch.len();
+        check_rows("attention", rows, q)?;
+        check_rows("attention", rows, out)?;
+        check_cols("attention", "q", q.cols, shape.heads * shape.head_dim)?;
+        check_cols(
+            "attention",
+            "output",
+            out.cols,
+            shape.heads * shape.head_dim,
+        )?;
+        if shape.kv_heads != l.kv_heads
+            || shape.head_dim != l.head_dim
+            || !shape.heads.is_multiple_of(shape.kv_heads)
+            || layer >= l.layers
+        {
+            return Err(Error::Shape {
+                op: "attention",
+                detail: format!("{shape:?} against the cache {l:?}, layer {layer}"),
+            });
+        }
+        check_kv_positions(&batch.batch, &l)?;
+        attention::attention(
+            &self.pool,
+            q.rows(rows),
+            &cache.k[layer],
+            &cache.v[layer],
+            &l,
+            &batch.batch,
+            shape,
+            out.rows_mut(rows),
+        );
+        Ok(())
+    }
+
+    fn silu_mul(
+        &self,
+        gate: &mut CpuActivations,
+        up: &CpuActivations,
+        rows: usize,
+    ) -> Result<(), Error> {
+        check_rows("silu_mul", rows, gate)?;
+        check_rows("silu_mul", rows, up)?;
+        check_cols("silu_mul", "up", up.cols, gate.cols)?;
+        elementwise::silu_mul(gate.rows_mut(rows), up.rows(rows));
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CpuActivations, y: &CpuActivations, rows: usize) -> Result<(), Error> {
+        check_rows("add", rows, x)?;
+        check_rows("add", rows, y)?;
+        check_cols("add", "y", y.cols, x.cols)?;
+        for (a, b) in x.rows_mut(rows).iter_mut().zip(y.rows(rows)) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn gather_logits_rows(
+        &self,
+        x: &CpuActivations,
+        batch: &CpuBatch,
+        out: &mut CpuActivations,
+    ) -> Result<(), Error> {
+        let wanted = batch.batch.logits_rows();
+        check_rows("gather_logits_rows", wanted.len(), out)?;
+        check_rows("gather_logits_rows", batch.batch.len(), x)?;
+        check_cols("gather_logits_rows", "output", out.cols, x.cols)?;
+        let cols = x.cols;
+        for (i, &row) in wanted.iter().enumerate() {
+            let row = row as usize;
+            out.data[i * cols..(i + 1) * cols]
+                .copy_from_slice(&x.data[row * cols..(row + 1) * cols]);
+        }
+        Ok(())
+    }
+
+    fn read_rows(&self, x: &CpuActivations, rows: usize, out: &mut [f32]) -> Result<(), Error> {
+        check_rows("read_rows", rows, x)?;
+        if out.len() != rows * x.cols {
+            return Err(Error::Shape {
+                op: "read_rows",
+                detail: format!("{} values for {rows} rows of {}", out.len(), x.cols),
+            });
+        }
+        out.copy_from_slice(x.rows(rows));
+        Ok(())
+    }
+
+    fn argmax_rows(&self, x: &CpuActivations, out: &mut [u32]) -> Result<(), Error> {
+        check_rows("argmax_rows", out.len(), x)?;
+        for (row, best) in x.rows(out.len()).chunks_exact(x.cols).zip(out.iter_mut()) {
+            *best = elementwise::argmax(row) as u32;
+        }
+        Ok(())
+    }
+}
+
+/// Checks that every block id of the batch lies in the pool and every token's position lies
+/// inside its sequence's block table, so that the kernels index only valid slots.
+fn check_kv_positions(batch: &RaggedBatch, layout: &KvLayout) -> Result<(), Error> {
+    if let Some(&b) = batch
+        .block_ids
+        .iter()
+        .find(|&&b| b as usize >= layout.blocks)
+    {
+        return Err(Error::Batch(format!(
+            "block {b} is not below the pool size {}",
+            layout.blocks
+        )));
+    }
+    for (t, (&pos, &seq)) in batch.positions().iter().zip(batch.token_seqs()).enumerate() {
+        if seq as usize >= batch.sequences() {
+            return Err(Error::Batch(format!(
+                "token {t}: sequence {seq} was not added"
+            )));
+        }
+        let blocks = batch.block_table(seq as usize).len();
+        if pos as usize / layout.block_tokens >= blocks {
+            return Err(Error::Batch(format!(
+                "token {t}: position {pos} is beyond its sequence's {blocks} blocks"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The KV slot (block * block_tokens + offset) of batch token `t`; valid after
+/// [`check_kv_positions`].
+fn slot_of(batch: &RaggedBatch, layout: &KvLayout, t: usize) -> usize {
+    let pos = batch.positions()[t] as usize;
+    let block =
+        batch.block_table(batch.token_seqs()[t] as usize)[pos / layout.block_tokens] as usize;
+    block * layout.block_tokens + pos % layout.block_tokens
+}
+
+fn try_filled<T: Clone>(len: usize, value: T, what: &'static str) -> Result<Vec<T>, Error> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        what,
+        bytes: (len * size_of::<T>()) as u64,
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+fn try_zeroed(len: usize, what: &'static str) -> Result<Vec<f32>, Error> {
+    try_filled(len, 0.0, what)
+}

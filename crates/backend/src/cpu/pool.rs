@@ -1,0 +1,296 @@
+//! A fixed pool of worker threads that run one parallel loop at a time.
+//!
+//! A decode step runs a few hundred short parallel loops (tens of microseconds each), so the pool
+//! is built for low latency and no allocation per loop: the caller publishes a borrowed closure,
+//! workers spin briefly before sleeping, the caller takes part in the work, and returns only after
+//! every worker has finished with the closure.
+
+use std::cell::UnsafeCell;
+use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins on the job counter before it sleeps. Long enough to bridge the
+/// gap between the ops of one forward pass, short enough not to burn a core between requests.
+const SPIN: Duration = Duration::from_micros(200);
+
+type Job<'a> = dyn Fn(Range<usize>) + Sync + 'a;
+
+struct Shared {
+    /// Bumped by the caller for every new loop; workers run each generation once.
+    generation: AtomicU64,
+    /// The loop being run, valid while `busy_workers > 0` for the current generation.
+    job: UnsafeCell<Option<&'static Job<'static>>>,
+    /// The next unclaimed item and the loop's length and grain.
+    next: AtomicUsize,
+    len: AtomicUsize,
+    grain: AtomicUsize,
+    /// Workers that have not yet finished the current generation.
+    busy_workers: AtomicUsize,
+    panicked: AtomicBool,
+    shutdown: AtomicBool,
+    sleep_lock: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `job` is written only by the caller of `ThreadPool::for_each` while no worker reads it
+// (before the generation is published with Release, after every worker has reported done), and
+// read by workers only between those two points. All other fields are atomics or locks.
+unsafe impl Sync for Shared {}
+
+/// A pool of `threads - 1` workers; the calling thread is the remaining one.
+pub(crate) struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Serialises callers: one parallel loop at a time.
+    caller: Mutex<()>,
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl ThreadPool {
+    pub(crate) fn new(threads: usize) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            generation: AtomicU64::new(0),
+            job: UnsafeCell::new(None),
+            next: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            grain: AtomicUsize::new(1),
+            busy_workers: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            sleep_lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let workers = (1..threads.max(1))
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("lucebox-cpu-{i}"))
+                    .spawn(move || worker(&shared))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            shared,
+            workers,
+            caller: Mutex::new(()),
+        })
+    }
+
+    /// The number of threads that run a loop, the caller included.
+    pub(crate) fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f` over `0..len` split into ranges of `grain` items (the last may be shorter), on
+    /// every thread, and returns when all ranges are done. Ranges are claimed dynamically, so
+    /// uneven work balances itself.
+    pub(crate) fn for_each(&self, len: usize, grain: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        if len == 0 {
+            return;
+        }
+        let grain = grain.max(1);
+        if self.workers.is_empty() || len <= grain {
+            f(0..len);
+            return;
+        }
+        let _one_loop_at_a_time = self.caller.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &*self.shared;
+        // SAFETY: the lifetime is erased only for the duration of this call: workers read `job`
+        // after seeing the new generation and stop using it before decrementing `busy_workers`;
+        // this function does not return until `busy_workers` is zero, and clears `job` after.
+        let erased: &'static Job<'static> =
+            unsafe { std::mem::transmute::<&Job<'_>, &Job<'static>>(f) };
+        // SAFETY: no worker reads `job` now: the previous loop finished (busy_workers == 0) and the
+        // new generation is not yet published.
+        unsafe { *s.job.get() = Some(erased) };
+        s.next.store(0, Ordering::Relaxed);
+        s.len.store(len, Ordering::Relaxed);
+        s.grain.store(grain, Ordering::Relaxed);
+        s.busy_workers.store(self.workers.len(), Ordering::Relaxed);
+        {
+            let _guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.generation.fetch_add(1, Ordering::Release);
+        }
+        s.wake.notify_all();
+        // The caller must not unwind while workers still use the closure: catch, wait, rethrow.
+        let caller_result = catch_unwind(AssertUnwindSafe(|| run_ranges(s, f)));
+        while s.busy_workers.load(Ordering::Acquire) != 0 {
+            std::hint::spin_loop();
+        }
+        // SAFETY: every worker has finished with the job (busy_workers == 0, Acquire).
+        unsafe { *s.job.get() = None };
+        if let Err(payload) = caller_result {
+            s.panicked.store(false, Ordering::Relaxed);
+            std::panic::resume_unwind(payload);
+        }
+        if s.panicked.swap(false, Ordering::Relaxed) {
+            panic!("a CPU backend worker thread panicked");
+        }
+    }
+}
+
+fn run_ranges(s: &Shared, f: &Job<'_>) {
+    let len = s.len.load(Ordering::Relaxed);
+    let grain = s.grain.load(Ordering::Relaxed);
+    loop {
+        let start = s.next.fetch_add(grain, Ordering::Relaxed);
+        if start >= len {
+            break;
+        }
+        f(start..(start + grain).min(len));
+    }
+}
+
+fn worker(s: &Shared) {
+    let mut seen = 0u64;
+    loop {
+        let spin_until = Instant::now() + SPIN;
+        let mut generation = s.generation.load(Ordering::Acquire);
+        while generation == seen
+            && !s.shutdown.load(Ordering::Relaxed)
+            && Instant::now() < spin_until
+        {
+            std::hint::spin_loop();
+            generation = s.generation.load(Ordering::Acquire);
+        }
+        if generation == seen {
+            let mut guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                generation = s.generation.load(Ordering::Acquire);
+                if generation != seen || s.shutdown.load(Ordering::Relaxed) {
+                    break;
+                }
+                guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        if s.shutdown.load(Ordering::Relaxed) {
+            return;
+        }
+        seen = generation;
+        // SAFETY: the generation was published (Acquire above) after `job` was set, and the caller
+        // keeps the closure alive until this worker decrements `busy_workers` below.
+        let job = unsafe { *s.job.get() };
+        if let Some(job) = job
+            && catch_unwind(AssertUnwindSafe(|| run_ranges(s, job))).is_err()
+        {
+            s.panicked.store(true, Ordering::Relaxed);
+        }
+        s.busy_workers.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        {
+            let _guard = self
+                .shared
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.shared.shutdown.store(true, Ordering::Relaxed);
+        }
+        self.shared.wake.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// A raw pointer to an output buffer that several threads write in disjoint parts.
+#[derive(Clone, Copy)]
+pub(crate) struct DisjointMut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: used only to hand disjoint index ranges of one exclusively borrowed slice to the pool's
+// threads; see `slice`.
+unsafe impl<T: Send> Send for DisjointMut<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for DisjointMut<T> {}
+
+impl<T> DisjointMut<T> {
+    pub(crate) fn new(slice: &mut [T]) -> Self {
+        Self {
+            ptr: slice.as_mut_ptr(),
+            len: slice.len(),
+        }
+    }
+
+    /// The elements `range` of the buffer.
+    ///
+    /// # Safety
+    /// No two live references returned by this method may overlap, and none may outlive the
+    /// exclusive borrow passed to `new`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, range: Range<usize>) -> &mut [T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "range {range:?} outside {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked above); disjointness and lifetime are the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_item_runs_exactly_once() {
+        let pool = ThreadPool::new(3).unwrap();
+        for len in [0, 1, 5, 64, 1000] {
+            let hits: Vec<AtomicUsize> = (0..len).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_each(len, 7, &|r| {
+                for i in r {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn runs_many_loops_back_to_back_and_after_sleeping() {
+        let pool = ThreadPool::new(2).unwrap();
+        let total = AtomicUsize::new(0);
+        for round in 0..2000 {
+            if round == 1000 {
+                std::thread::sleep(SPIN * 3);
+            }
+            pool.for_each(16, 1, &|r| {
+                total.fetch_add(r.len(), Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 2000 * 16);
+    }
+
+    #[test]
+    fn a_panicking_job_is_reported_to_the_caller() {
+        let pool = ThreadPool::new(2).unwrap();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pool.for_each(100, 1, &|r| assert!(r.start != 77, "boom"));
+        }));
+        assert!(result.is_err());
+        let count = AtomicUsize::new(0);
+        pool.for_each(10, 1, &|_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 10);
+    }
+}

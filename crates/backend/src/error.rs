@@ -1,0 +1,44 @@
+use lucebox_gguf::GgmlType;
+
+/// An error from a compute backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor's storage type has no kernels on this backend.
+    #[error("tensor {tensor}: type {ty} is not supported by the {backend} backend")]
+    UnsupportedType {
+        /// The tensor's name.
+        tensor: String,
+        /// Its storage type.
+        ty: GgmlType,
+        /// The backend's name.
+        backend: &'static str,
+    },
+    /// Shapes given to an operation do not fit together.
+    #[error("{op}: {detail}")]
+    Shape {
+        /// The operation.
+        op: &'static str,
+        /// What does not fit, with the sizes.
+        detail: String,
+    },
+    /// A batch description is inconsistent or exceeds the capacity it was prepared for.
+    #[error("batch: {0}")]
+    Batch(String),
+    /// Memory for a buffer could not be had.
+    #[error("cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What the memory was for.
+        what: &'static str,
+        /// How much was asked for.
+        bytes: u64,
+    },
+    /// The backend is not available on this machine or in this build.
+    #[error("{backend} backend unavailable: {reason}")]
+    Unavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why, and what to do about it.
+        reason: String,
+    },
+}
