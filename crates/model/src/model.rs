@@ -1,0 +1,313 @@
+use std::sync::Arc;
+
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
+use lucebox_gguf::GgufFile;
+
+use crate::{Architecture, Error, ModelConfig};
+
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    q: B::Matrix,
+    k: B::Matrix,
+    v: B::Matrix,
+    q_bias: Option<B::Vector>,
+    k_bias: Option<B::Vector>,
+    v_bias: Option<B::Vector>,
+    q_norm: Option<B::Vector>,
+    k_norm: Option<B::Vector>,
+    attn_output: B::Matrix,
+    ffn_norm: B::Vector,
+    ffn_gate: B::Matrix,
+    ffn_up: B::Matrix,
+    ffn_down: B::Matrix,
+}
+
+/// A transformer whose weights live on a backend. It holds no per-sequence state: the KV cache
+/// and the activations of a forward pass are passed in, so one model serves any number of
+/// sequences and a cache can be rolled back by its owner.
+pub struct Model<B: Backend> {
+    backend: Arc<B>,
+    config: ModelConfig,
+    token_embd: B::Matrix,
+    layers: Vec<Layer<B>>,
+    output_norm: B::Vector,
+    /// `None` when the output projection is tied to the token embedding.
+    output: Option<B::Matrix>,
+}
+
+impl<B: Backend> std::fmt::Debug for Model<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("config", &self.config)
+            .field("backend", &self.backend.describe())
+            .finish()
+    }
+}
+
+/// Checks a tensor's dims (ggml order) and loads it.
+struct Loader<'a, B: Backend> {
+    backend: &'a B,
+    file: &'a Arc<GgufFile>,
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn check(&self, name: &str, expected: &[usize]) -> Result<bool, Error> {
+        let Some(view) = self.file.tensor(name) else {
+            return Ok(false);
+        };
+        if view
+            .dims()
+            .iter()
+            .map(|&d| d as usize)
+            .ne(expected.iter().copied())
+        {
+            return Err(Error::TensorShape {
+                name: name.to_owned(),
+                found: view.dims().to_vec(),
+                expected: expected.iter().map(|&d| d as u64).collect(),
+            });
+        }
+        Ok(true)
+    }
+
+    fn matrix(&self, name: &str, inputs: usize, outputs: usize) -> Result<B::Matrix, Error> {
+        self.opt_matrix(name, inputs, outputs)?
+            .ok_or_else(|| Error::MissingTensor(name.to_owned()))
+    }
+
+    fn opt_matrix(
+        &self,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<Option<B::Matrix>, Error> {
+        if !self.check(name, &[inputs, outputs])? {
+            return Ok(None);
+        }
+        Ok(Some(self.backend.load_matrix(self.file, name)?))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<B::Vector, Error> {
+        self.opt_vector(name, len)?
+            .ok_or_else(|| Error::MissingTensor(name.to_owned()))
+    }
+
+    fn opt_vector(&self, name: &str, len: usize) -> Result<Option<B::Vector>, Error> {
+        if !self.check(name, &[len])? {
+            return Ok(None);
+        }
+        Ok(Some(self.backend.load_vector(self.file, name)?))
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Builds the model of `file` on `backend`, checking every tensor's shape against the
+    /// metadata.
+    pub fn load(backend: Arc<B>, file: Arc<GgufFile>) -> Result<Self, Error> {
+        let config = ModelConfig::from_gguf(&file)?;
+        if file.tensor("rope_freqs.weight").is_some() {
+            return Err(file
+                .metadata()
+                .invalid(
+                    "general.architecture",
+                    "per-frequency RoPE factors (rope_freqs.weight) are not supported",
+                )
+                .into());
+        }
+        let c = &config;
+        let l = Loader {
+            backend: &*backend,
+            file: &file,
+        };
+        let q_width = c.heads * c.head_dim;
+        let kv_width = c.kv_heads * c.head_dim;
+        let layers = (0..c.layers)
+            .map(|i| {
+                let name = |t: &str| format!("blk.{i}.{t}");
+                let qk_norm = c.architecture == Architecture::Qwen3;
+                Ok(Layer {
+                    attn_norm: l.vector(&name("attn_norm.weight"), c.embedding)?,
+                    q: l.matrix(&name("attn_q.weight"), c.embedding, q_width)?,
+                    k: l.matrix(&name("attn_k.weight"), c.embedding, kv_width)?,
+                    v: l.matrix(&name("attn_v.weight"), c.embedding, kv_width)?,
+                    q_bias: l.opt_vector(&name("attn_q.bias"), q_width)?,
+                    k_bias: l.opt_vector(&name("attn_k.bias"), kv_width)?,
+                    v_bias: l.opt_vector(&name("attn_v.bias"), kv_width)?,
+                    q_norm: if qk_norm {
+                        Some(l.vector(&name("attn_q_norm.weight"), c.head_dim)?)
+                    } else {
+                        None
+                    },
+                    k_norm: if qk_norm {
+                        Some(l.vector(&name("attn_k_norm.weight"), c.head_dim)?)
+                    } else {
+                        None
+                    },
+                    attn_output: l.matrix(&name("attn_output.weight"), q_width, c.embedding)?,
+                    ffn_norm: l.vector(&name("ffn_norm.weight"), c.embedding)?,
+                    ffn_gate: l.matrix(&name("ffn_gate.weight"), c.embedding, c.feed_forward)?,
+                    ffn_up: l.matrix(&name("ffn_up.weight"), c.embedding, c.feed_forward)?,
+                    ffn_down: l.matrix(&name("ffn_down.weight"), c.feed_forward, c.embedding)?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let token_embd = l.matrix("token_embd.weight", c.embedding, c.vocab)?;
+        let output_norm = l.vector("output_norm.weight", c.embedding)?;
+        let output = l.opt_matrix("output.weight", c.embedding, c.vocab)?;
+        Ok(Self {
+            backend,
+            config,
+            token_embd,
+            layers,
+            output_norm,
+            output,
+        })
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The backend the weights live on.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+
+    /// The KV layout for a pool of `blocks` blocks of `block_tokens` positions.
+    pub fn kv_layout(&self, blocks: usize, block_tokens: usize) -> KvLayout {
+        KvLayout {
+            layers: self.config.layers,
+            blocks,
+            block_tokens,
+            kv_heads: self.config.kv_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    /// Activation buffers for forward passes of up to `capacity`.
+    pub fn workspace(&self, capacity: BatchCapacity) -> Result<Workspace<B>, Error> {
+        let b = &*self.backend;
+        let c = &self.config;
+        let t = capacity.tokens;
+        let logits_rows = capacity.logits;
+        Ok(Workspace {
+            batch: b.batch(capacity, c.rope)?,
+            x: b.activations(t, c.embedding)?,
+            normed: b.activations(t, c.embedding)?,
+            q: b.activations(t, c.heads * c.head_dim)?,
+            k: b.activations(t, c.kv_heads * c.head_dim)?,
+            v: b.activations(t, c.kv_heads * c.head_dim)?,
+            attn: b.activations(t, c.heads * c.head_dim)?,
+            gate: b.activations(t, c.feed_forward)?,
+            up: b.activations(t, c.feed_forward)?,
+            selected: b.activations(logits_rows, c.embedding)?,
+            logits: b.activations(logits_rows, c.vocab)?,
+            logits_rows: 0,
+            capacity,
+        })
+    }
+
+    /// Runs one forward pass over `batch`, writing its tokens' K and V into `kv` (a pool of
+    /// `kv_layout` shape) and leaving one logits row per [`RaggedBatch::logits_rows`] entry in
+    /// the workspace.
+    pub fn forward(
+        &self,
+        batch: &RaggedBatch,
+        kv: &mut B::KvCache,
+        kv_layout: &KvLayout,
+        ws: &mut Workspace<B>,
+    ) -> Result<(), Error> {
+        let b = &*self.backend;
+        let c = &self.config;
+        batch.validate(
+            c.vocab,
+            kv_layout.block_tokens,
+            kv_layout.blocks,
+            c.context_length,
+        )?;
+        b.set_batch(&mut ws.batch, batch)?;
+        let n = batch.len();
+        let eps = c.rms_eps;
+        let shape = c.attention_shape();
+        b.embed(&self.token_embd, &ws.batch, &mut ws.x)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            b.rms_norm(&ws.x, &layer.attn_norm, eps, n, &mut ws.normed)?;
+            b.matmul(&layer.q, layer.q_bias.as_ref(), &ws.normed, n, &mut ws.q)?;
+            b.matmul(&layer.k, layer.k_bias.as_ref(), &ws.normed, n, &mut ws.k)?;
+            b.matmul(&layer.v, layer.v_bias.as_ref(), &ws.normed, n, &mut ws.v)?;
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                b.rms_norm_heads(&mut ws.q, qn, eps, n)?;
+                b.rms_norm_heads(&mut ws.k, kn, eps, n)?;
+            }
+            b.rope(&mut ws.q, &ws.batch, c.head_dim)?;
+            b.rope(&mut ws.k, &ws.batch, c.head_dim)?;
+            b.store_kv(kv, i, &ws.k, &ws.v, &ws.batch)?;
+            b.attention(&ws.q, kv, i, &ws.batch, shape, &mut ws.attn)?;
+            b.matmul(&layer.attn_output, None, &ws.attn, n, &mut ws.normed)?;
+            b.add(&mut ws.x, &ws.normed, n)?;
+            b.rms_norm(&ws.x, &layer.ffn_norm, eps, n, &mut ws.normed)?;
+            b.matmul(&layer.ffn_gate, None, &ws.normed, n, &mut ws.gate)?;
+            b.matmul(&layer.ffn_up, None, &ws.normed, n, &mut ws.up)?;
+            b.silu_mul(&mut ws.gate, &ws.up, n)?;
+            b.matmul(&layer.ffn_down, None, &ws.gate, n, &mut ws.normed)?;
+            b.add(&mut ws.x, &ws.normed, n)?;
+        }
+        let rows = batch.logits_rows().len();
+        b.gather_logits_rows(&ws.x, &ws.batch, &mut ws.normed)?;
+        b.rms_norm(&ws.normed, &self.output_norm, eps, rows, &mut ws.selected)?;
+        b.matmul(
+            self.output.as_ref().unwrap_or(&self.token_embd),
+            None,
+            &ws.selected,
+            rows,
+            &mut ws.logits,
+        )?;
+        ws.logits_rows = rows;
+        Ok(())
+    }
+}
+
+/// The activation buffers of forward passes up to a fixed capacity, allocated once and reused
+/// by every pass so that decoding does not allocate.
+pub struct Workspace<B: Backend> {
+    batch: B::Batch,
+    x: B::Activations,
+    normed: B::Activations,
+    q: B::Activations,
+    k: B::Activations,
+    v: B::Activations,
+    attn: B::Activations,
+    gate: B::Activations,
+    up: B::Activations,
+    selected: B::Activations,
+    logits: B::Activations,
+    logits_rows: usize,
+    capacity: BatchCapacity,
+}
+
+impl<B: Backend> std::fmt::Debug for Workspace<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workspace")
+            .field("capacity", &self.capacity)
+            .field("logits_rows", &self.logits_rows)
+            .finish()
+    }
+}
+
+impl<B: Backend> Workspace<B> {
+    /// The logits of the last forward pass: one row per wanted token, in batch order.
+    pub fn logits(&self) -> &B::Activations {
+        &self.logits
+    }
+
+    /// How many logits rows the last forward pass produced.
+    pub fn logits_rows(&self) -> usize {
+        self.logits_rows
+    }
+
+    /// The capacity the workspace was built for.
+    pub fn capacity(&self) -> BatchCapacity {
+        self.capacity
+    }
+}
