@@ -1,1 +1,36 @@
-//! placeholder
+//! The engine: everything between a model and a request that is not a kernel.
+//!
+//! [`BlockPool`] and [`SequenceBlocks`] manage the fixed-size blocks of a paged KV cache;
+//! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, min-p, penalties)
+//! reproducibly from a seed; [`Session`] runs one sequence on one model: chunked prefill, then
+//! decoding, without allocating in the loop.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use lucebox_backend::CpuBackend;
+//! use lucebox_engine::{Sampler, SamplingParams, Session, SessionConfig};
+//!
+//! let file = Arc::new(lucebox_gguf::GgufFile::open("model.gguf")?);
+//! let model = Arc::new(lucebox_model::Model::load(Arc::new(CpuBackend::new(None)?), file)?);
+//! let mut session = Session::new(model, SessionConfig::default())?;
+//! let mut sampler = Sampler::new(SamplingParams::default());
+//! let stats = session.generate(&[1, 2, 3], &mut sampler, 16, |t| t == 2, |t| {
+//!     println!("{t}");
+//!     std::ops::ControlFlow::Continue(())
+//! })?;
+//! println!("{} tokens", stats.generated_tokens);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+mod kv;
+mod rng;
+mod sampling;
+mod session;
+
+pub use error::Error;
+pub use kv::{BlockPool, SequenceBlocks};
+pub use rng::Rng;
+pub use sampling::{Distribution, Sampler, SamplingParams, argmax};
+pub use session::{GenerationStats, Session, SessionConfig, StopReason};

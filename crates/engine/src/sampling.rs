@@ -1,0 +1,456 @@
+//! Turning a logits row into the next token.
+//!
+//! The transforms run in a fixed order — penalties, temperature, top-k, top-p, min-p — and
+//! produce a [`Distribution`] over the surviving tokens; a draw from it with the sequence's
+//! [`Rng`] gives the token. Speculative decoding computes the same distribution for target and
+//! drafter, which is what makes its sampling exact.
+
+use crate::{Error, Rng};
+
+/// How a sequence chooses its tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 picks the most likely token (greedy).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the most likely tokens whose probabilities sum to at least `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens; 1 is off.
+    pub repetition_penalty: f32,
+    /// Subtract from the logits of recently seen tokens; 0 is off.
+    pub presence_penalty: f32,
+    /// Subtract this times the count of each recently seen token; 0 is off.
+    pub frequency_penalty: f32,
+    /// How many of the most recent tokens the penalties look at.
+    pub penalty_window: usize,
+    /// The seed of the sequence's random stream; `None` picks one.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_window: 64,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks every value's range; the error names the parameter.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |name: &'static str, why: String| Err(Error::InvalidParameter { name, why });
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad(
+                "temperature",
+                format!("{} is not a finite value >= 0", self.temperature),
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", format!("{} is not in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", format!("{} is not in [0, 1]", self.min_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad(
+                "repetition_penalty",
+                format!("{} is not a finite value > 0", self.repetition_penalty),
+            );
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(name, format!("{v} is not in [-2, 2]"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this picks the most likely token rather than drawing.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.penalty_window > 0
+            && (self.repetition_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
+    }
+}
+
+/// A probability distribution over the tokens that survived the transforms, in a deterministic
+/// order. Probabilities sum to 1.
+#[derive(Clone, Debug, Default)]
+pub struct Distribution {
+    tokens: Vec<u32>,
+    probs: Vec<f32>,
+}
+
+impl Distribution {
+    /// The surviving tokens and their probabilities.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, f32)> + '_ {
+        self.tokens.iter().copied().zip(self.probs.iter().copied())
+    }
+
+    /// The probability of `token` (0 when it did not survive).
+    pub fn prob(&self, token: u32) -> f32 {
+        self.tokens
+            .iter()
+            .position(|&t| t == token)
+            .map_or(0.0, |i| self.probs[i])
+    }
+
+    /// Draws a token with one uniform number from `rng`.
+    pub fn draw(&self, rng: &mut Rng) -> u32 {
+        let u = rng.next_f64();
+        let mut cumulative = 0.0f64;
+        for (&t, &p) in self.tokens.iter().zip(&self.probs) {
+            cumulative += f64::from(p);
+            if u < cumulative {
+                return t;
+            }
+        }
+        // Rounding can leave the sum a hair under 1: the last token takes the remainder.
+        *self.tokens.last().expect("a distribution is never empty")
+    }
+}
+
+/// Chooses tokens for one sequence: its parameters, its random stream, and scratch space that
+/// is reused so that sampling does not allocate once warm.
+#[derive(Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    seed: u64,
+    window: Vec<u32>,
+    candidates: Vec<(f32, u32)>,
+    distribution: Distribution,
+}
+
+/// How many candidates the top-p search sorts first; it widens until the mass is covered.
+const TOP_P_FIRST_WINDOW: usize = 256;
+
+impl Sampler {
+    /// A sampler for `params`, which must have passed [`SamplingParams::validate`].
+    pub fn new(params: SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(Rng::random_seed);
+        Self {
+            rng: Rng::seeded(seed),
+            seed,
+            params,
+            window: Vec::new(),
+            candidates: Vec::new(),
+            distribution: Distribution::default(),
+        }
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The seed of the random stream (chosen at random when the parameters gave none).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Chooses the next token from `logits` (modified in place by the penalties), given the
+    /// sequence so far.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_penalties(logits, history);
+        if self.params.is_greedy() {
+            return argmax(logits);
+        }
+        self.build_distribution(logits);
+        self.distribution.draw(&mut self.rng)
+    }
+
+    /// The distribution the next token is drawn from, after every transform; for greedy
+    /// parameters, all mass on the most likely token.
+    pub fn distribution(&mut self, logits: &mut [f32], history: &[u32]) -> &Distribution {
+        self.apply_penalties(logits, history);
+        if self.params.is_greedy() {
+            let best = argmax(logits);
+            self.distribution.tokens.clear();
+            self.distribution.probs.clear();
+            self.distribution.tokens.push(best);
+            self.distribution.probs.push(1.0);
+        } else {
+            self.build_distribution(logits);
+        }
+        &self.distribution
+    }
+
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        if !self.params.has_penalties() {
+            return;
+        }
+        let p = &self.params;
+        self.window.clear();
+        self.window
+            .extend_from_slice(&history[history.len().saturating_sub(p.penalty_window)..]);
+        self.window.sort_unstable();
+        for run in self.window.chunk_by(|a, b| a == b) {
+            let Some(logit) = logits.get_mut(run[0] as usize) else {
+                continue;
+            };
+            if *logit > 0.0 {
+                *logit /= p.repetition_penalty;
+            } else {
+                *logit *= p.repetition_penalty;
+            }
+            *logit -= p.frequency_penalty * run.len() as f32 + p.presence_penalty;
+        }
+    }
+
+    fn build_distribution(&mut self, logits: &[f32]) {
+        let p = &self.params;
+        let inv_t = 1.0 / p.temperature;
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan())
+                .map(|(i, &l)| (l * inv_t, i as u32)),
+        );
+        if c.is_empty() {
+            c.push((0.0, 0));
+        }
+        let by_logit_desc =
+            |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            c.truncate(p.top_k);
+        }
+        let max = c.iter().map(|x| x.0).fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f64;
+        for x in c.iter_mut() {
+            x.0 = (x.0 - max).exp();
+            sum += f64::from(x.0);
+        }
+        let inv_sum = (1.0 / sum) as f32;
+        for x in c.iter_mut() {
+            x.0 *= inv_sum;
+        }
+        if p.top_p < 1.0 {
+            keep_top_p(c, p.top_p, by_logit_desc);
+        }
+        if p.min_p > 0.0 {
+            let floor = p.min_p * c.iter().map(|x| x.0).fold(0.0, f32::max);
+            c.retain(|x| x.0 >= floor);
+        }
+        let total: f64 = c.iter().map(|x| f64::from(x.0)).sum();
+        let d = &mut self.distribution;
+        d.tokens.clear();
+        d.probs.clear();
+        for &(prob, token) in c.iter() {
+            d.tokens.push(token);
+            d.probs.push((f64::from(prob) / total) as f32);
+        }
+    }
+}
+
+/// Keeps the smallest set of most likely candidates whose probabilities reach `top_p`, sorted
+/// most likely first. Sorts a small window first and widens it only when the window's mass
+/// falls short, so a 150k vocabulary is rarely sorted whole.
+fn keep_top_p(
+    c: &mut Vec<(f32, u32)>,
+    top_p: f32,
+    order: impl Fn(&(f32, u32), &(f32, u32)) -> std::cmp::Ordering + Copy,
+) {
+    let mut window = TOP_P_FIRST_WINDOW.min(c.len());
+    loop {
+        if window < c.len() {
+            c.select_nth_unstable_by(window - 1, order);
+        }
+        c[..window].sort_unstable_by(order);
+        let mut mass = 0.0f32;
+        if let Some(keep) = c[..window].iter().position(|x| {
+            mass += x.0;
+            mass >= top_p
+        }) {
+            c.truncate(keep + 1);
+            return;
+        }
+        if window == c.len() {
+            return;
+        }
+        window = (window * 4).min(c.len());
+    }
+}
+
+/// The index of the largest logit; the first on ties. NaN never wins.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_value {
+            best = i;
+            best_value = v;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            seed: Some(1),
+            ..SamplingParams::default()
+        }
+    }
+
+    fn distribution_of(p: SamplingParams, logits: &[f32]) -> Vec<(u32, f32)> {
+        let mut s = Sampler::new(p);
+        let mut logits = logits.to_vec();
+        let mut d: Vec<_> = s.distribution(&mut logits, &[]).iter().collect();
+        d.sort_by_key(|x| x.0);
+        d
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        let mut s = Sampler::new(params(0.0));
+        assert_eq!(s.sample(&mut [0.1, 2.0, 2.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn temperature_softmax_is_exact() {
+        let d = distribution_of(params(0.5), &[0.0, 1.0]);
+        let e = (2.0f32).exp();
+        assert!((d[1].1 - e / (1.0 + e)).abs() < 1e-6, "{d:?}");
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_cut_the_tail() {
+        let logits = [4.0, 3.0, 2.0, 1.0, 0.0];
+        assert_eq!(
+            distribution_of(
+                SamplingParams {
+                    top_k: 2,
+                    ..params(1.0)
+                },
+                &logits
+            )
+            .len(),
+            2
+        );
+        // Probabilities ~ [0.636, 0.234, 0.086, 0.032, 0.012]: 0.8 needs the first two.
+        let d = distribution_of(
+            SamplingParams {
+                top_p: 0.8,
+                ..params(1.0)
+            },
+            &logits,
+        );
+        assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), [0, 1]);
+        assert!((d.iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
+        // min_p 0.1 keeps tokens with p >= 0.0636: the first three.
+        assert_eq!(
+            distribution_of(
+                SamplingParams {
+                    min_p: 0.1,
+                    ..params(1.0)
+                },
+                &logits
+            )
+            .len(),
+            3
+        );
+    }
+
+    #[test]
+    fn top_p_widens_its_window_on_flat_distributions() {
+        let logits = vec![0.0; 5000];
+        let d = distribution_of(
+            SamplingParams {
+                top_p: 0.5,
+                ..params(1.0)
+            },
+            &logits,
+        );
+        assert_eq!(d.len(), 2500);
+    }
+
+    #[test]
+    fn penalties_follow_their_definitions() {
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..params(0.0)
+        });
+        let mut logits = [4.0, -4.0, 1.0];
+        s.sample(&mut logits, &[0, 1, 1, 99]);
+        assert_eq!(
+            logits,
+            [4.0 / 2.0 - 0.25 - 0.5, -4.0 * 2.0 - 0.5 - 0.5, 1.0]
+        );
+    }
+
+    #[test]
+    fn a_seed_reproduces_draws_and_frequencies_match() {
+        let logits = [1.0, 0.0, -1.0];
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplingParams {
+                seed: Some(seed),
+                ..params(1.0)
+            });
+            (0..20000)
+                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .collect::<Vec<_>>()
+        };
+        let a = draw(5);
+        assert_eq!(a, draw(5));
+        assert_ne!(a, draw(6));
+        let z: f32 = logits.iter().map(|l: &f32| l.exp()).sum();
+        for t in 0..3 {
+            let freq = a.iter().filter(|&&x| x == t).count() as f32 / a.len() as f32;
+            let p = logits[t as usize].exp() / z;
+            // Five standard deviations of a binomial proportion over 20000 draws.
+            assert!(
+                (freq - p).abs() < 5.0 * (p * (1.0 - p) / 20000.0).sqrt(),
+                "token {t}: {freq} vs {p}"
+            );
+        }
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let e = SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert!(e.to_string().contains("top_p"), "{e}");
+        assert!(
+            SamplingParams {
+                temperature: f32::NAN,
+                ..SamplingParams::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,244 @@
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
+use lucebox_model::{Model, Workspace};
+
+use crate::{BlockPool, Error, Sampler, SequenceBlocks};
+
+/// The sizes of a [`Session`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Positions the sequence may hold; capped at the model's trained context.
+    pub context: usize,
+    /// Positions per KV block.
+    pub block_tokens: usize,
+    /// The most prompt tokens one forward pass takes; longer prompts are fed in chunks.
+    pub prefill_chunk: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            context: 4096,
+            block_tokens: 16,
+            prefill_chunk: 512,
+        }
+    }
+}
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an end-of-generation token.
+    EndOfGeneration,
+    /// `max_tokens` tokens were generated.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+    /// The caller's callback asked to stop.
+    Caller,
+}
+
+/// What one generation did and how long it took.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerationStats {
+    /// Prompt tokens fed.
+    pub prompt_tokens: usize,
+    /// Tokens generated (an end-of-generation token included).
+    pub generated_tokens: usize,
+    /// Time to feed the prompt and sample the first token.
+    pub prefill: Duration,
+    /// Time for the remaining tokens.
+    pub decode: Duration,
+    /// Why it stopped.
+    pub stop: StopReason,
+}
+
+/// One sequence on one model: its KV blocks, its token history and reusable buffers. Feeding
+/// and sampling allocate nothing once the buffers have reached their sizes.
+pub struct Session<B: Backend> {
+    model: Arc<Model<B>>,
+    config: SessionConfig,
+    layout: KvLayout,
+    kv: B::KvCache,
+    pool: BlockPool,
+    sequence: SequenceBlocks,
+    workspace: Workspace<B>,
+    batch: RaggedBatch,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    greedy_pick: [u32; 1],
+}
+
+impl<B: Backend> std::fmt::Debug for Session<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("config", &self.config)
+            .field("tokens", &self.tokens.len())
+            .finish()
+    }
+}
+
+impl<B: Backend> Session<B> {
+    /// A session with an empty sequence.
+    pub fn new(model: Arc<Model<B>>, config: SessionConfig) -> Result<Self, Error> {
+        if config.block_tokens == 0 || config.prefill_chunk == 0 || config.context == 0 {
+            return Err(Error::InvalidParameter {
+                name: "session",
+                why: format!("{config:?} has a zero size"),
+            });
+        }
+        let context = config.context.min(model.config().context_length);
+        let config = SessionConfig { context, ..config };
+        let blocks = context.div_ceil(config.block_tokens);
+        let layout = model.kv_layout(blocks, config.block_tokens);
+        let kv = model.backend().kv_cache(layout)?;
+        let capacity = BatchCapacity {
+            tokens: config.prefill_chunk,
+            sequences: 1,
+            blocks,
+            logits: 1,
+        };
+        let workspace = model.workspace(capacity)?;
+        let vocab = model.config().vocab;
+        Ok(Self {
+            model,
+            config,
+            layout,
+            kv,
+            pool: BlockPool::new(blocks, config.block_tokens),
+            sequence: SequenceBlocks::new(),
+            workspace,
+            batch: RaggedBatch::new(),
+            tokens: Vec::with_capacity(context),
+            logits: vec![0.0; vocab],
+            greedy_pick: [0],
+        })
+    }
+
+    /// The effective configuration (context capped at the model's).
+    pub fn config(&self) -> SessionConfig {
+        self.config
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model<B>> {
+        &self.model
+    }
+
+    /// Every token fed so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Forgets the sequence, keeping the buffers.
+    pub fn reset(&mut self) {
+        self.sequence.release(&mut self.pool);
+        self.tokens.clear();
+    }
+
+    /// Appends `tokens` to the sequence, in chunks of at most `prefill_chunk`, and keeps the
+    /// logits of the last one for [`sample`](Self::sample).
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        let total = self.tokens.len() + tokens.len();
+        if total > self.config.context {
+            return Err(Error::ContextFull {
+                tokens: total,
+                context: self.config.context,
+            });
+        }
+        let chunks = tokens.len().div_ceil(self.config.prefill_chunk);
+        for (i, chunk) in tokens.chunks(self.config.prefill_chunk).enumerate() {
+            let reserved = self.sequence.reserve(&mut self.pool, chunk.len());
+            assert!(reserved, "the pool holds the whole context");
+            self.batch.clear();
+            let seq = self.batch.push_sequence(self.sequence.table());
+            let start = self.sequence.len();
+            for (j, &token) in chunk.iter().enumerate() {
+                let last = i + 1 == chunks && j + 1 == chunk.len();
+                self.batch.push_token(seq, token, (start + j) as u32, last);
+            }
+            self.model
+                .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+            self.sequence.advance(&self.pool, chunk.len());
+            self.tokens.extend_from_slice(chunk);
+        }
+        Ok(())
+    }
+
+    /// Copies the logits of the last token fed into `out` (one vocabulary-sized row).
+    pub fn last_logits(&self, out: &mut [f32]) -> Result<(), Error> {
+        self.model
+            .backend()
+            .read_rows(self.workspace.logits(), 1, out)?;
+        Ok(())
+    }
+
+    /// Chooses the next token from the logits of the last token fed. Greedy sampling without
+    /// penalties picks on the device, which spares copying the logits to the host.
+    pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32, Error> {
+        let backend = self.model.backend();
+        let p = sampler.params();
+        if p.is_greedy()
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+        {
+            backend.argmax_rows(self.workspace.logits(), &mut self.greedy_pick)?;
+            return Ok(self.greedy_pick[0]);
+        }
+        backend.read_rows(self.workspace.logits(), 1, &mut self.logits)?;
+        Ok(sampler.sample(&mut self.logits, &self.tokens))
+    }
+
+    /// Feeds `prompt`, then samples and feeds tokens until `max_tokens`, an end-of-generation
+    /// token (`is_end`), a full context, or `on_token` returning `Break`. Every generated token
+    /// is passed to `on_token`, an end-of-generation token included.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        max_tokens: usize,
+        is_end: impl Fn(u32) -> bool,
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<GenerationStats, Error> {
+        let started = Instant::now();
+        self.feed(prompt)?;
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            generated_tokens: 0,
+            prefill: Duration::ZERO,
+            decode: Duration::ZERO,
+            stop: StopReason::MaxTokens,
+        };
+        let mut decode_started = None;
+        while stats.generated_tokens < max_tokens {
+            let token = self.sample(sampler)?;
+            stats.generated_tokens += 1;
+            if decode_started.is_none() {
+                stats.prefill = started.elapsed();
+                decode_started = Some(Instant::now());
+            }
+            if on_token(token).is_break() {
+                stats.stop = StopReason::Caller;
+                break;
+            }
+            if is_end(token) {
+                stats.stop = StopReason::EndOfGeneration;
+                break;
+            }
+            if stats.generated_tokens == max_tokens {
+                break;
+            }
+            if self.tokens.len() == self.config.context {
+                stats.stop = StopReason::ContextFull;
+                break;
+            }
+            self.feed(&[token])?;
+        }
+        stats.decode = decode_started.map_or(Duration::ZERO, |t| t.elapsed());
+        Ok(stats)
+    }
+}

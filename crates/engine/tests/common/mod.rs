@@ -1,0 +1,76 @@
+//! Helpers shared by the engine's integration tests; each test binary uses a subset.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use lucebox_backend::{Backend, BatchCapacity, CpuBackend, RaggedBatch};
+use lucebox_gguf::GgufFile;
+use lucebox_model::Model;
+
+const BLOCK_TOKENS: usize = 16;
+
+/// A fetched catalogue model on the CPU backend, with its file.
+pub fn load(name: &str) -> (Arc<GgufFile>, Arc<Model<CpuBackend>>) {
+    let file = Arc::new(GgufFile::open(lucebox_testkit::model(name)).unwrap());
+    let model = Model::load(Arc::new(CpuBackend::new(None).unwrap()), Arc::clone(&file)).unwrap();
+    (file, Arc::new(model))
+}
+
+/// Runs `sequences` as one ragged batch, token order given by `order` (pairs of sequence index
+/// and offset within it), every token wanting logits; returns each sequence's logits rows.
+pub fn batched_logits(
+    model: &Model<CpuBackend>,
+    sequences: &[Vec<u32>],
+    order: &[(usize, usize)],
+) -> Vec<Vec<f32>> {
+    let vocab = model.config().vocab;
+    let tables: Vec<Vec<u32>> = {
+        let mut next = 0u32;
+        sequences
+            .iter()
+            .map(|s| {
+                let blocks = s.len().div_ceil(BLOCK_TOKENS) as u32;
+                next += blocks;
+                (next - blocks..next).collect()
+            })
+            .collect()
+    };
+    let blocks = tables.iter().map(Vec::len).sum();
+    let tokens = order.len();
+    let layout = model.kv_layout(blocks, BLOCK_TOKENS);
+    let backend = model.backend();
+    let mut kv = backend.kv_cache(layout).unwrap();
+    let mut ws = model
+        .workspace(BatchCapacity {
+            tokens,
+            sequences: sequences.len(),
+            blocks,
+            logits: tokens,
+        })
+        .unwrap();
+    let mut batch = RaggedBatch::new();
+    for table in &tables {
+        batch.push_sequence(table);
+    }
+    for &(s, i) in order {
+        batch.push_token(s, sequences[s][i], i as u32, true);
+    }
+    model.forward(&batch, &mut kv, &layout, &mut ws).unwrap();
+    let mut all = vec![0.0; tokens * vocab];
+    backend.read_rows(ws.logits(), tokens, &mut all).unwrap();
+    let mut per_sequence: Vec<Vec<f32>> = sequences
+        .iter()
+        .map(|s| vec![0.0; s.len() * vocab])
+        .collect();
+    for (row, &(s, i)) in order.iter().enumerate() {
+        per_sequence[s][i * vocab..(i + 1) * vocab]
+            .copy_from_slice(&all[row * vocab..(row + 1) * vocab]);
+    }
+    per_sequence
+}
+
+/// The logits at every position of `tokens`, from one forward pass.
+pub fn prefill_logits(model: &Model<CpuBackend>, tokens: &[u32]) -> Vec<f32> {
+    let order: Vec<(usize, usize)> = (0..tokens.len()).map(|i| (0, i)).collect();
+    batched_logits(model, &[tokens.to_vec()], &order).remove(0)
+}
