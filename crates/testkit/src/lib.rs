@@ -9,17 +9,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The directory holding fetched models: `$LUCEBOX_MODEL_DIR`, else
-/// `$XDG_CACHE_HOME/lucebox/models`, else `$HOME/.cache/lucebox/models`.
+/// The directory holding fetched models, by the rule `lucebox fetch` uses
+/// ([`lucebox_appliance::model_dir`]).
+///
+/// # Panics
+/// When none of the variables that rule reads is set.
 pub fn model_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("LUCEBOX_MODEL_DIR") {
-        return dir.into();
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .expect("neither XDG_CACHE_HOME nor HOME is set");
-    cache.join("lucebox").join("models")
+    lucebox_appliance::model_dir().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The path of the catalogue model `name`, which must have been fetched.
@@ -27,7 +23,7 @@ pub fn model_dir() -> PathBuf {
 /// # Panics
 /// When the file is absent, with the command that fetches it.
 pub fn model(name: &str) -> PathBuf {
-    let path = model_dir().join(format!("{name}.gguf"));
+    let path = lucebox_appliance::model_path(&model_dir(), name);
     assert!(
         path.is_file(),
         "model {name} not found at {}: run `cargo run --release -p lucebox -- fetch {name}` \
