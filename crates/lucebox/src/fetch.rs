@@ -147,6 +147,10 @@ impl Progress {
     fn on(&mut self, event: FetchEvent<'_>) {
         let model = self.model.clone();
         match event {
+            FetchEvent::Waiting { dir } => self.say(&format!(
+                "{model}: waiting for another fetch into {} to finish",
+                dir.display()
+            )),
             FetchEvent::Verifying { path } => {
                 self.say(&format!(
                     "{model}: verifying the sha256 of {}",

@@ -6,6 +6,7 @@ mod error;
 mod pypi;
 mod transfer;
 
+use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
 pub use error::{FetchError, SourceError, SourceFailure};
@@ -25,6 +26,11 @@ const WHEEL_PACKAGING_BYTES: u64 = 16 << 20;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum FetchEvent<'a> {
+    /// Another fetch holds the directory; this one waits for it to finish.
+    Waiting {
+        /// The model directory.
+        dir: &'a Path,
+    },
     /// A file of the right size is already cached; its sha256 is being checked.
     Verifying {
         /// The cached file.
@@ -88,6 +94,9 @@ impl Fetcher {
     /// Makes `<dir>/<name>.gguf` hold `model`, byte for byte, and returns its path. A cached copy
     /// of the right size is hashed and kept when it matches; otherwise the sources are tried in
     /// order. `on_event` hears what happens.
+    ///
+    /// Fetches into one directory take turns (an advisory lock on the directory), so two
+    /// processes never write the same `.part` file.
     pub fn fetch(
         &self,
         model: &Model,
@@ -104,6 +113,15 @@ impl Fetcher {
             }
         };
         std::fs::create_dir_all(&self.dir).map_err(local("creating", &self.dir))?;
+        let dir_lock = File::open(&self.dir).map_err(local("opening", &self.dir))?;
+        match dir_lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                on_event(FetchEvent::Waiting { dir: &self.dir });
+                dir_lock.lock().map_err(local("locking", &self.dir))?;
+            }
+            Err(TryLockError::Error(e)) => return Err(local("locking", &self.dir)(e)),
+        }
         let path = model_path(&self.dir, name);
         match Presence::of(&path, model.bytes()).map_err(local("reading", &path))? {
             Presence::Absent => {}
