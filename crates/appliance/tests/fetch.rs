@@ -345,10 +345,17 @@ fn when_every_source_fails_the_error_lists_each_and_no_file_is_left() {
     ));
     let message = error.to_string();
     assert!(
-        message.starts_with("test-model: every source failed: [1] http://"),
+        message.starts_with("test-model: every source failed: [1] GET http://"),
         "{message}"
     );
-    assert!(message.contains("; [2] http://"), "{message}");
+    assert!(
+        message.contains("/missing.gguf: http status: 404; [2] http://"),
+        "{message}"
+    );
+    assert!(
+        message.contains("/tampered.gguf: test-model.gguf.part: sha256 "),
+        "{message}"
+    );
     assert!(!message.contains('\n'), "{message}");
     assert_eq!(seen.failures.len(), 2);
     assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));

@@ -121,8 +121,15 @@ pub enum FetchError {
 }
 
 impl fmt::Display for SourceFailure {
+    /// `source: reason`, or the reason alone when it already names the source (a URL source's
+    /// request errors carry its URL), so a URL is not printed twice.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.source, ErrorChain(&self.error))
+        let reason = ErrorChain(&self.error).to_string();
+        if reason.contains(&self.source) {
+            write!(f, "{reason}")
+        } else {
+            write!(f, "{}: {reason}", self.source)
+        }
     }
 }
 
@@ -200,7 +207,7 @@ mod tests {
         };
         assert_eq!(
             error.to_string(),
-            "m: every source failed: [1] https://a/m.gguf: GET https://a/m.gguf: host not found; \
+            "m: every source failed: [1] GET https://a/m.gguf: host not found; \
              [2] pypi p==1: reading p.whl: reset"
         );
     }
