@@ -2,7 +2,7 @@
 //!
 //! For each matrix shape it quantizes one activation row, then takes the dot product of every
 //! weight row with it, over and over, and prints GB/s of weight bytes read and rows per second.
-//! Shapes: `l2` (about 512 KiB of weights, stays in L2), `ffn_up` (8960 rows of 1536, as in
+//! Shapes: `l1` (about 16 KiB of weights: the arithmetic alone), `l2` (about 512 KiB), `ffn_up` (8960 rows of 1536, as in
 //! Qwen2.5 1.5B), `ffn_down` (1536 rows of 8960), and `dram` (`--dram-mib` MiB of rows of 1536,
 //! larger than the caches; 0 skips it).
 //!
@@ -185,6 +185,7 @@ fn main() {
         let mut shapes = vec![("ffn_up", 8960, 1536), ("ffn_down", 1536, 8960)];
         let row_bytes_1536 = ty.bytes_for(1536).expect("1536 is whole blocks") as usize;
         shapes.insert(0, ("l2", (512 << 10) / row_bytes_1536, 1536));
+        shapes.insert(0, ("l1", (16 << 10) / row_bytes_1536, 1536));
         if options.dram_mib > 0 {
             shapes.push(("dram", (options.dram_mib << 20) / row_bytes_1536, 1536));
         }

@@ -12,6 +12,26 @@ pub(crate) fn array<const N: usize>(bytes: &[u8], offset: usize) -> &[u8; N] {
         .expect("block field lies within its block")
 }
 
+/// How far ahead of the weights being multiplied the kernels prefetch.
+///
+/// A matmul streams its weights from memory once per token. The hardware prefetchers alone do
+/// not keep far enough ahead for the memory transfers to overlap the arithmetic: measured on a
+/// Q4_K matrix larger than the caches, prefetching 8 KiB ahead raised one core's throughput
+/// from 6 to 9.7 GB/s (4 to 16 KiB all did well).
+const PREFETCH_DISTANCE: usize = 8 << 10;
+
+/// Prefetches the cache lines `PREFETCH_DISTANCE` bytes after those of `weights`. Past the end of
+/// a weight row lie, in a matrix, the rows that will be multiplied next.
+#[inline(always)]
+pub(crate) fn prefetch_ahead(weights: &[u8]) {
+    let ahead = weights.as_ptr().wrapping_add(PREFETCH_DISTANCE);
+    for offset in (0..weights.len()).step_by(64) {
+        // SAFETY: a prefetch is a hint: it never faults and reads nothing architecturally, so
+        // any address, even one past the row or past the end of memory, is allowed.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(offset).cast()) }
+    }
+}
+
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(crate) fn load256(bytes: &[u8; 32]) -> __m256i {

@@ -2,7 +2,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::simd::{load_f32x8, load128, sum_f32x8};
+use crate::simd::{load_f32x8, load128, prefetch_ahead, sum_f32x8};
 
 /// Sums over eight elements at a time, `EIGHT` weight bytes each, widened by `widen8`; the
 /// remaining elements go through the portable code with `widen`.
@@ -21,6 +21,7 @@ fn dot<const EIGHT: usize, const N: usize>(
     let mut weight_quads = weights.chunks_exact(4);
     let mut activation_quads = activations.chunks_exact(4);
     for (w, x) in (&mut weight_quads).zip(&mut activation_quads) {
+        prefetch_ahead(w.as_flattened());
         for k in 0..4 {
             acc[k] = _mm256_fmadd_ps(widen8(&w[k]), load_f32x8(&x[k]), acc[k]);
         }

@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 use super::{BYTES, VALUES, scales};
 use crate::activation::q8_256;
 use crate::bytes::f32_at;
-use crate::simd::{array, f16_at, load128, load256, sum_f32x8};
+use crate::simd::{array, f16_at, load128, load256, prefetch_ahead, sum_f32x8};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_iq4_xs(weight: &[u8], activation: &[u8]) -> f32 {
@@ -15,6 +15,7 @@ pub(super) fn dot_iq4_xs(weight: &[u8], activation: &[u8]) -> f32 {
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     for (w, a) in weights.iter().zip(activations) {
+        prefetch_ahead(w);
         let mut sum = _mm256_setzero_si256();
         for (s, scale) in scales(w).into_iter().enumerate() {
             let packed = load128(array(w, 8 + 16 * s));

@@ -8,13 +8,16 @@ use std::arch::x86_64::*;
 
 use crate::activation::q8_256;
 use crate::bytes::{f32_at, u32_at};
-use crate::simd::{array, f16_at, load128, load256, sum_f32x8};
+use crate::simd::{array, f16_at, load128, load256, prefetch_ahead, store256, sum_f32x8};
 
-/// Q4_K and Q5_K's 12 packed bytes as eight `u8` scales (bytes 0..8) and eight `u8` minimums
-/// (bytes 8..16).
+/// Blocks whose scales are unpacked, in a first pass, before their products are taken.
+const BATCH: usize = 8;
+
+/// Q4_K and Q5_K's eight scales and eight minimums from their 12 packed bytes, each widened to
+/// the `i32` `(v << 16) | v`: two equal `i16` lanes, the multiplier `madd` wants.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn scales_and_mins(block: &[u8]) -> __m128i {
+fn scale_and_min_pairs(block: &[u8]) -> (__m256i, __m256i) {
     const LOW_6: u32 = 0x3f3f_3f3f;
     const LOW_4: u32 = 0x0f0f_0f0f;
     const LOW_2: u32 = 0x0303_0303;
@@ -23,33 +26,12 @@ fn scales_and_mins(block: &[u8]) -> __m128i {
     let mins_low = w1 & LOW_6;
     let scales_high = (w2 & LOW_4) | (((w0 >> 6) & LOW_2) << 4);
     let mins_high = ((w2 >> 4) & LOW_4) | (((w1 >> 6) & LOW_2) << 4);
-    _mm_set_epi32(
-        mins_high as i32,
-        mins_low as i32,
-        scales_high as i32,
-        scales_low as i32,
-    )
-}
-
-/// `i16` lane `s` of `scales` broadcast to every lane.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn broadcast_i16(scales: __m256i, s: usize) -> __m256i {
-    let pair = (2 * s) as i16 | (((2 * s + 1) as i16) << 8);
-    _mm256_shuffle_epi8(scales, _mm256_set1_epi16(pair))
-}
-
-/// The minimums' share of a Q4_K or Q5_K block: `sum_s min[s] * (activation sum of sub-block s)`,
-/// in four `i32` lanes.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn mins_times_sums(mins: __m128i, a: &[u8; q8_256::BYTES]) -> __m128i {
-    let bsums = load256(array(a, q8_256::BSUMS));
-    let sums = _mm_hadd_epi16(
-        _mm256_castsi256_si128(bsums),
-        _mm256_extracti128_si256(bsums, 1),
-    );
-    _mm_madd_epi16(mins, sums)
+    let pairs = |low: u32, high: u32| {
+        let bytes = i64::from(low) | (i64::from(high) << 32);
+        let values = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
+        _mm256_or_si256(values, _mm256_slli_epi32(values, 16))
+    };
+    (pairs(scales_low, scales_high), pairs(mins_low, mins_high))
 }
 
 /// `scale_low * (q_low . x_low) + scale_high * (q_high . x_high)` in eight `i32` lanes, for two
@@ -71,8 +53,13 @@ fn sub_block_pair(
     )
 }
 
-/// The shared body of Q4_K and Q5_K: `fifth_bits(w, s)` gives the 16s to add to the nibbles of
-/// sub-block `s` (zero for Q4_K).
+/// The shared body of Q4_K and Q5_K: `fifth_bits(w)` gives the 16s to add to the nibbles of each
+/// sub-block (zero for Q4_K).
+///
+/// A first pass over a batch of blocks unpacks their scales into a buffer and takes the
+/// minimums' share; the second takes the products, broadcasting each scale from the buffer with
+/// a load. Broadcasting it from a register instead would take one or two shuffles per sub-block,
+/// and the shuffle unit is what limits this kernel.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn dot_with_mins<const BYTES: usize, const NIBBLES: usize>(
@@ -84,37 +71,40 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize>(
     let activations = activation.as_chunks::<{ q8_256::BYTES }>().0;
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
-    let mut acc_mins = _mm_setzero_ps();
-    for (w, a) in weights.iter().zip(activations) {
-        let d = f32_at(a, q8_256::D);
-        let scales_mins = _mm256_cvtepu8_epi16(scales_and_mins(w));
-        let mins = _mm256_extracti128_si256(scales_mins, 1);
-        let min_scale = -d * f16_at(w, 2);
-        let min_products = _mm_cvtepi32_ps(mins_times_sums(mins, a));
-        acc_mins = _mm_fmadd_ps(_mm_set1_ps(min_scale), min_products, acc_mins);
-
-        let scales = _mm256_permute2x128_si256(scales_mins, scales_mins, 0x00);
-        let high = fifth_bits(w);
-        let mut sum = _mm256_setzero_si256();
-        for j in 0..4 {
-            let packed = load256(array(w, NIBBLES + 32 * j));
-            let q_low = _mm256_and_si256(packed, low_nibbles);
-            let q_high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
-            let pair = sub_block_pair(
-                _mm256_or_si256(q_low, high[2 * j]),
-                _mm256_or_si256(q_high, high[2 * j + 1]),
-                array(a, 64 * j),
-                broadcast_i16(scales, 2 * j),
-                broadcast_i16(scales, 2 * j + 1),
-            );
-            sum = _mm256_add_epi32(sum, pair);
+    let mut acc_mins = _mm256_setzero_ps();
+    let batches = weights.chunks(BATCH).zip(activations.chunks(BATCH));
+    for (weights, activations) in batches {
+        let mut scales = [[0u8; 32]; BATCH];
+        for ((w, a), scales) in weights.iter().zip(activations).zip(&mut scales) {
+            let (scale_pairs, min_pairs) = scale_and_min_pairs(w);
+            store256(scales, scale_pairs);
+            let mins = _mm256_madd_epi16(load256(array(a, q8_256::BSUMS)), min_pairs);
+            let min_scale = _mm256_set1_ps(-f32_at(a, q8_256::D) * f16_at(w, 2));
+            acc_mins = _mm256_fmadd_ps(min_scale, _mm256_cvtepi32_ps(mins), acc_mins);
         }
-        let scale = _mm256_set1_ps(d * f16_at(w, 0));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
+        for ((w, a), scales) in weights.iter().zip(activations).zip(&scales) {
+            prefetch_ahead(w);
+            let scale = |s: usize| _mm256_set1_epi32(i32::from_le_bytes(*array(scales, 4 * s)));
+            let high = fifth_bits(w);
+            let mut sum = _mm256_setzero_si256();
+            for j in 0..4 {
+                let packed = load256(array(w, NIBBLES + 32 * j));
+                let q_low = _mm256_and_si256(packed, low_nibbles);
+                let q_high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+                let pair = sub_block_pair(
+                    _mm256_or_si256(q_low, high[2 * j]),
+                    _mm256_or_si256(q_high, high[2 * j + 1]),
+                    array(a, 64 * j),
+                    scale(2 * j),
+                    scale(2 * j + 1),
+                );
+                sum = _mm256_add_epi32(sum, pair);
+            }
+            let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_at(w, 0));
+            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
+        }
     }
-    let mins = _mm_add_ps(acc_mins, _mm_movehl_ps(acc_mins, acc_mins));
-    let mins = _mm_add_ss(mins, _mm_movehdup_ps(mins));
-    sum_f32x8(acc) + _mm_cvtss_f32(mins)
+    sum_f32x8(_mm256_add_ps(acc, acc_mins))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -158,6 +148,7 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
     for (w, a) in weights.iter().zip(activations) {
+        prefetch_ahead(w);
         let scales = load128(array(w, 192));
         // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
         let bsums = load256(array(a, q8_256::BSUMS));

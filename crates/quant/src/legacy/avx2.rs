@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use crate::activation::q8_32;
 use crate::bytes::{f32_at, u32_at};
-use crate::simd::{array, f16_at, load128, load256, sum_f32x8, sum_i16_pairs};
+use crate::simd::{array, f16_at, load128, load256, prefetch_ahead, sum_f32x8, sum_i16_pairs};
 
 /// A weight block unpacked into 32 unsigned bytes `q`, its scale `d` and `bias`: the block is
 /// `d * q[i] + bias`.
@@ -30,6 +30,7 @@ fn dot_unsigned<const BYTES: usize>(
     let mut acc = _mm256_setzero_ps();
     let mut bias = 0.0;
     for (w, a) in weights.iter().zip(activations) {
+        prefetch_ahead(w);
         let block = unpack(w);
         let x = load256(array(a, 0));
         // Unsigned values below 32 times |x| <= 127, in pairs: no i16 overflow.
@@ -117,6 +118,7 @@ pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
     let activations = activation.as_chunks::<{ q8_32::BYTES }>().0;
     let mut acc = _mm256_setzero_ps();
     for (w, a) in weights.iter().zip(activations) {
+        prefetch_ahead(w);
         let q = load256(array(w, 2));
         let x = load256(array(a, 0));
         // maddubs wants one unsigned operand: move the weights' signs onto the activations.
