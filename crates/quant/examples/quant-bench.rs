@@ -2,9 +2,9 @@
 //!
 //! For each matrix shape it quantizes one activation row, then takes the dot product of every
 //! weight row with it, over and over, and prints GB/s of weight bytes read and rows per second.
-//! Shapes: `l1` (about 16 KiB of weights: the arithmetic alone), `l2` (about 512 KiB), `ffn_up` (8960 rows of 1536, as in
-//! Qwen2.5 1.5B), `ffn_down` (1536 rows of 8960), and `dram` (`--dram-mib` MiB of rows of 1536,
-//! larger than the caches; 0 skips it).
+//! Shapes: `l1` (about 16 KiB of weights: the arithmetic alone), `l2` (about 512 KiB),
+//! `ffn_up` (8960 rows of 1536, as in Qwen2.5 1.5B), `ffn_down` (1536 rows of 8960), and `dram`
+//! (`--dram-mib` MiB of rows of 1536, larger than the caches; 0 skips it).
 //!
 //! ```text
 //! cargo run --release -p lucebox-quant --example quant-bench -- \

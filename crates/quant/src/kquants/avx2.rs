@@ -7,7 +7,7 @@
 use std::arch::x86_64::*;
 
 use crate::activation::q8_256;
-use crate::bytes::{f32_at, u32_at};
+use crate::bytes::f32_at;
 use crate::simd::{array, f16_at, load128, load256, prefetch_ahead, store256, sum_f32x8};
 
 /// Blocks whose scales are unpacked, in a first pass, before their products are taken.
@@ -15,23 +15,58 @@ const BATCH: usize = 8;
 
 /// Q4_K and Q5_K's eight scales and eight minimums from their 12 packed bytes, each widened to
 /// the `i32` `(v << 16) | v`: two equal `i16` lanes, the multiplier `madd` wants.
+///
+/// The packing: bytes 0..4 hold scales 0..4 in their low 6 bits, bytes 4..8 minimums 0..4;
+/// bytes 8..12 hold the low 4 bits of scales 4..8 and, in their high nibbles, of minimums 4..8,
+/// whose top 2 bits are the top bits of bytes 0..4 and 4..8.
 #[target_feature(enable = "avx2")]
 #[inline]
 fn scale_and_min_pairs(block: &[u8]) -> (__m256i, __m256i) {
-    const LOW_6: u32 = 0x3f3f_3f3f;
-    const LOW_4: u32 = 0x0f0f_0f0f;
-    const LOW_2: u32 = 0x0303_0303;
-    let (w0, w1, w2) = (u32_at(block, 4), u32_at(block, 8), u32_at(block, 12));
-    let scales_low = w0 & LOW_6;
-    let mins_low = w1 & LOW_6;
-    let scales_high = (w2 & LOW_4) | (((w0 >> 6) & LOW_2) << 4);
-    let mins_high = ((w2 >> 4) & LOW_4) | (((w1 >> 6) & LOW_2) << 4);
-    let pairs = |low: u32, high: u32| {
-        let bytes = i64::from(low) | (i64::from(high) << 32);
-        let values = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bytes));
-        _mm256_or_si256(values, _mm256_slli_epi32(values, 16))
-    };
-    (pairs(scales_low, scales_high), pairs(mins_low, mins_high))
+    const Z: i8 = -128; // a shuffle index that yields 0
+    let packed = _mm256_broadcastsi128_si256(load128(array(block, 4)));
+    // Per lane: [bytes 0..4, 8..12, 4..8, 8..12], and the bytes whose top bits complete 4..8.
+    let spread = _mm256_shuffle_epi8(
+        packed,
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11,
+        )),
+    );
+    let tops = _mm256_shuffle_epi8(
+        packed,
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            Z, Z, Z, Z, 0, 1, 2, 3, Z, Z, Z, Z, 4, 5, 6, 7,
+        )),
+    );
+    let low = _mm256_and_si256(
+        spread,
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0,
+        )),
+    );
+    let high_nibbles = _mm256_and_si256(
+        _mm256_srli_epi16(spread, 4),
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15,
+        )),
+    );
+    let top_bits = _mm256_and_si256(_mm256_srli_epi16(tops, 2), _mm256_set1_epi8(0x30));
+    // Per lane: scales 0..8, then minimums 0..8.
+    let values = _mm256_or_si256(_mm256_or_si256(low, high_nibbles), top_bits);
+    let scales = _mm256_shuffle_epi8(
+        values,
+        _mm256_setr_epi8(
+            0, Z, 0, Z, 1, Z, 1, Z, 2, Z, 2, Z, 3, Z, 3, Z, 4, Z, 4, Z, 5, Z, 5, Z, 6, Z, 6, Z, 7,
+            Z, 7, Z,
+        ),
+    );
+    let mins = _mm256_shuffle_epi8(
+        values,
+        _mm256_setr_epi8(
+            8, Z, 8, Z, 9, Z, 9, Z, 10, Z, 10, Z, 11, Z, 11, Z, 12, Z, 12, Z, 13, Z, 13, Z, 14, Z,
+            14, Z, 15, Z, 15, Z,
+        ),
+    );
+    (scales, mins)
 }
 
 /// `scale_low * (q_low . x_low) + scale_high * (q_high . x_high)` in eight `i32` lanes, for two
@@ -131,15 +166,23 @@ pub(super) fn dot_q5_k(weight: &[u8], activation: &[u8]) -> f32 {
     })
 }
 
-/// Sixteen `i16` lanes: lanes 0..8 hold `i8` scale `g`, lanes 8..16 scale `g + 1`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn q6_k_scale_pair(scales: __m128i, g: usize) -> __m256i {
-    let low = _mm_set1_epi8(g as i8);
-    let high = _mm_set1_epi8((g + 1) as i8);
-    let selector = _mm_unpacklo_epi64(low, high);
-    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, selector))
-}
+/// Byte shuffles that take, from eight `i16` scales repeated in both 128-bit lanes, scale `2k`
+/// into every lane of the low half and scale `2k + 1` into every lane of the high half: the
+/// multipliers of two 16-element groups of Q6_K.
+static Q6_K_SCALE_PAIRS: [[u8; 32]; 4] = {
+    let mut masks = [[0; 32]; 4];
+    let mut k = 0;
+    while k < 4 {
+        let mut i = 0;
+        while i < 32 {
+            let scale = 2 * k + i / 16;
+            masks[k][i] = (2 * scale + i % 2) as u8;
+            i += 1;
+        }
+        k += 1;
+    }
+    masks
+};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
@@ -147,12 +190,17 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
     let activations = activation.as_chunks::<{ q8_256::BYTES }>().0;
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
+    // Hidden from the optimiser, which would otherwise turn each one-instruction shuffle by a
+    // constant mask into two or three cheaper-looking ones, all on the busiest port.
+    let pair_masks = std::hint::black_box(&Q6_K_SCALE_PAIRS);
     for (w, a) in weights.iter().zip(activations) {
         prefetch_ahead(w);
-        let scales = load128(array(w, 192));
         // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
         let bsums = load256(array(a, q8_256::BSUMS));
-        let offset = _mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scales));
+        let offset = _mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(load128(array(w, 192))));
+        // Scales 0..8 and 8..16 as i16, each set repeated in both lanes.
+        let scale_halves = [192, 200]
+            .map(|at| _mm256_cvtepi8_epi16(_mm_set1_epi64x(i64::from_le_bytes(*array(w, at)))));
         let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
         for half in 0..2 {
             let low_a = load256(array(w, 64 * half));
@@ -180,7 +228,7 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
                 let x = load256(array(a, 128 * half + 32 * k));
                 // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
                 let products = _mm256_maddubs_epi16(q, x);
-                let scale = q6_k_scale_pair(scales, 8 * half + 2 * k);
+                let scale = _mm256_shuffle_epi8(scale_halves[half], load256(&pair_masks[k]));
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(scale, products));
             }
         }
