@@ -202,7 +202,7 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
         let scale_halves = [192, 200]
             .map(|at| _mm256_cvtepi8_epi16(_mm_set1_epi64x(i64::from_le_bytes(*array(w, at)))));
         let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
-        for half in 0..2 {
+        for (half, scales) in scale_halves.into_iter().enumerate() {
             let low_a = load256(array(w, 64 * half));
             let low_b = load256(array(w, 64 * half + 32));
             let high = load256(array(w, 128 + 32 * half));
@@ -228,7 +228,7 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
                 let x = load256(array(a, 128 * half + 32 * k));
                 // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
                 let products = _mm256_maddubs_epi16(q, x);
-                let scale = _mm256_shuffle_epi8(scale_halves[half], load256(&pair_masks[k]));
+                let scale = _mm256_shuffle_epi8(scales, load256(&pair_masks[k]));
                 sum = _mm256_add_epi32(sum, _mm256_madd_epi16(scale, products));
             }
         }
