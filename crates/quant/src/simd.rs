@@ -39,6 +39,13 @@ pub(crate) fn load256(bytes: &[u8; 32]) -> __m256i {
     unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
 }
 
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn load512(bytes: &[u8; 64]) -> __m512i {
+    // SAFETY: `bytes` is 64 readable bytes and the load has no alignment requirement.
+    unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) }
+}
+
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(crate) fn load128(bytes: &[u8; 16]) -> __m128i {

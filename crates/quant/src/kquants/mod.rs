@@ -11,6 +11,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use lucebox_gguf::GgmlType;
 
@@ -210,4 +212,6 @@ impl Format for Q6K {
     }
     #[cfg(target_arch = "x86_64")]
     const AVX2_DOT: DotFn = avx2::dot_q6_k;
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_DOT: DotFn = avx512::dot_q6_k;
 }
