@@ -22,23 +22,27 @@ type Job<'a> = dyn Fn(Range<usize>) + Sync + 'a;
 struct Shared {
     /// Bumped by the caller for every new loop; workers run each generation once.
     generation: AtomicU64,
-    /// The loop being run, valid while `busy_workers > 0` for the current generation.
+    /// The loop being run; readable by a worker only while it is active in an open loop.
     job: UnsafeCell<Option<&'static Job<'static>>>,
     /// The next unclaimed item and the loop's length and grain.
     next: AtomicUsize,
     len: AtomicUsize,
     grain: AtomicUsize,
-    /// Workers that have not yet finished the current generation.
-    busy_workers: AtomicUsize,
+    /// Workers inside a loop: they joined it and have not yet left.
+    active: AtomicU64,
+    /// The last generation whose loop is closed to late joiners: every range has been claimed,
+    /// so a worker that arrives now has nothing to do and must not touch `job`.
+    closed: AtomicU64,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     sleep_lock: Mutex<()>,
     wake: Condvar,
 }
 
-// SAFETY: `job` is written only by the caller of `ThreadPool::for_each` while no worker reads it
-// (before the generation is published with Release, after every worker has reported done), and
-// read by workers only between those two points. All other fields are atomics or locks.
+// SAFETY: `job` is written only by the caller of `ThreadPool::for_each` while no worker can read
+// it: before the generation is published, and after the loop is closed and no worker is active.
+// Workers read it only after joining an open loop (see `worker`). All other fields are atomics
+// or locks.
 unsafe impl Sync for Shared {}
 
 /// A pool of `threads - 1` workers; the calling thread is the remaining one.
@@ -65,7 +69,8 @@ impl ThreadPool {
             next: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
             grain: AtomicUsize::new(1),
-            busy_workers: AtomicUsize::new(0),
+            active: AtomicU64::new(0),
+            closed: AtomicU64::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             sleep_lock: Mutex::new(()),
@@ -105,29 +110,38 @@ impl ThreadPool {
         }
         let _one_loop_at_a_time = self.caller.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: the lifetime is erased only for the duration of this call: workers read `job`
-        // after seeing the new generation and stop using it before decrementing `busy_workers`;
-        // this function does not return until `busy_workers` is zero, and clears `job` after.
+        // SAFETY: the lifetime is erased only for the duration of this call: a worker uses `job`
+        // only between joining an open loop and leaving it (`active`), this function closes the
+        // loop and waits for `active` to reach zero before it returns, and clears `job` after.
         let erased: &'static Job<'static> =
             unsafe { std::mem::transmute::<&Job<'_>, &Job<'static>>(f) };
-        // SAFETY: no worker reads `job` now: the previous loop finished (busy_workers == 0) and the
-        // new generation is not yet published.
+        // SAFETY: no worker can read `job` now: the previous loop was closed with no worker
+        // active, and the new generation is not yet published.
         unsafe { *s.job.get() = Some(erased) };
         s.next.store(0, Ordering::Relaxed);
         s.len.store(len, Ordering::Relaxed);
         s.grain.store(grain, Ordering::Relaxed);
-        s.busy_workers.store(self.workers.len(), Ordering::Relaxed);
-        {
+        let generation = {
             let _guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.generation.fetch_add(1, Ordering::Release);
-        }
+            s.generation.fetch_add(1, Ordering::SeqCst) + 1
+        };
         s.wake.notify_all();
         // The caller must not unwind while workers still use the closure: catch, wait, rethrow.
         let caller_result = catch_unwind(AssertUnwindSafe(|| run_ranges(s, f)));
-        while s.busy_workers.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+        // Every range is claimed: workers that have not joined yet stay out; wait for the rest.
+        s.closed.store(generation, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while s.active.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 4096 {
+                std::hint::spin_loop();
+            } else {
+                // A worker was descheduled mid-range (another process wants the core): give it
+                // the core rather than spinning away our time slice.
+                std::thread::yield_now();
+            }
         }
-        // SAFETY: every worker has finished with the job (busy_workers == 0, Acquire).
+        // SAFETY: the loop is closed and no worker is active (SeqCst above).
         unsafe { *s.job.get() = None };
         if let Err(payload) = caller_result {
             s.panicked.store(false, Ordering::Relaxed);
@@ -176,16 +190,22 @@ fn worker(s: &Shared) {
         if s.shutdown.load(Ordering::Relaxed) {
             return;
         }
-        seen = generation;
-        // SAFETY: the generation was published (Acquire above) after `job` was set, and the caller
-        // keeps the closure alive until this worker decrements `busy_workers` below.
-        let job = unsafe { *s.job.get() };
-        if let Some(job) = job
-            && catch_unwind(AssertUnwindSafe(|| run_ranges(s, job))).is_err()
-        {
-            s.panicked.store(true, Ordering::Relaxed);
+        // Join, then look again: the loop may have been closed, or replaced by a newer one,
+        // between seeing the generation and joining. Only an open loop's job may be read.
+        s.active.fetch_add(1, Ordering::SeqCst);
+        let current = s.generation.load(Ordering::SeqCst);
+        if s.closed.load(Ordering::SeqCst) != current {
+            // SAFETY: the loop `current` is open and this worker is counted in `active`, so the
+            // caller keeps the closure alive and `job` set until this worker leaves below.
+            let job = unsafe { *s.job.get() };
+            if let Some(job) = job
+                && catch_unwind(AssertUnwindSafe(|| run_ranges(s, job))).is_err()
+            {
+                s.panicked.store(true, Ordering::Relaxed);
+            }
         }
-        s.busy_workers.fetch_sub(1, Ordering::Release);
+        s.active.fetch_sub(1, Ordering::SeqCst);
+        seen = current;
     }
 }
 
@@ -278,6 +298,18 @@ mod tests {
             });
         }
         assert_eq!(total.load(Ordering::Relaxed), 2000 * 16);
+    }
+
+    #[test]
+    fn late_workers_skip_closed_loops_when_threads_outnumber_cores() {
+        let pool = ThreadPool::new(8).unwrap();
+        let total = AtomicUsize::new(0);
+        for _ in 0..5000 {
+            pool.for_each(3, 1, &|r| {
+                total.fetch_add(r.len(), Ordering::Relaxed);
+            });
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 5000 * 3);
     }
 
     #[test]
