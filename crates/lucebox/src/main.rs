@@ -1,12 +1,19 @@
 //! `lucebox`: the command-line entry point. It parses flags, composes the library crates and
 //! reports errors as one line.
 
+mod bench;
 mod fetch;
+mod generate;
+mod load;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "lucebox", version, about = "Speculative-decoding LLM inference server")]
+#[command(
+    name = "lucebox",
+    version,
+    about = "Speculative-decoding LLM inference server"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,12 +23,18 @@ struct Cli {
 enum Command {
     /// Download pinned models into the cache and verify their sha256.
     Fetch(fetch::FetchArgs),
+    /// Stream a continuation of a prompt.
+    Generate(generate::GenerateArgs),
+    /// Measure prefill and decode throughput.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Fetch(args) => fetch::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,120 @@
+//! `lucebox bench`: prefill and decode throughput of one model, as llama-bench measures them.
+
+use std::time::Instant;
+
+use anyhow::bail;
+use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
+
+use crate::load::load_cpu_model;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// A GGUF file, or the name of a fetched catalogue model.
+    #[arg(long, short)]
+    model: String,
+    /// Prompt tokens of the prefill test (one forward pass over a fresh context).
+    #[arg(long, default_value_t = 512)]
+    prompt_tokens: usize,
+    /// Tokens of the decode test (one at a time from a fresh context, greedy).
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    /// Runs of each test; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    repetitions: usize,
+    /// Threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repetitions == 0 {
+        bail!("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
+    }
+    let (_file, model) = load_cpu_model(&args.model, args.threads)?;
+    let vocab = model.config().vocab as u64;
+    let describe = lucebox_backend::Backend::describe(&**model.backend());
+    let config = SessionConfig {
+        context: args.prompt_tokens.max(args.gen_tokens),
+        prefill_chunk: args.prompt_tokens,
+        ..SessionConfig::default()
+    };
+    let mut session = Session::new(model, config)?;
+    // Random token ids, as llama-bench uses: throughput must not depend on the text.
+    let mut rng = Rng::seeded(0);
+    let prompt: Vec<u32> = (0..args.prompt_tokens)
+        .map(|_| (rng.next_u64() % vocab) as u32)
+        .collect();
+    let mut sampler = Sampler::new(SamplingParams::default());
+
+    // One untimed run of each test warms the caches and faults the mapped weights in.
+    let mut prefill_runs = Vec::new();
+    let mut decode_runs = Vec::new();
+    for run in 0..=args.repetitions {
+        session.reset();
+        let started = Instant::now();
+        session.feed(&prompt)?;
+        session.sample(&mut sampler)?;
+        let prefill = args.prompt_tokens as f64 / started.elapsed().as_secs_f64();
+
+        session.reset();
+        let started = Instant::now();
+        let mut token = prompt[0];
+        for _ in 0..args.gen_tokens {
+            session.feed(&[token])?;
+            token = session.sample(&mut sampler)?;
+        }
+        let decode = args.gen_tokens as f64 / started.elapsed().as_secs_f64();
+        if run > 0 {
+            prefill_runs.push(prefill);
+            decode_runs.push(decode);
+        }
+    }
+    let prefill = median(&mut prefill_runs);
+    let decode = median(&mut decode_runs);
+    if args.json {
+        let report = serde_json::json!({
+            "model": args.model,
+            "backend": describe,
+            "prompt_tokens": args.prompt_tokens,
+            "gen_tokens": args.gen_tokens,
+            "repetitions": args.repetitions,
+            "prefill_tok_s": prefill,
+            "decode_tok_s": decode,
+            "prefill_runs_tok_s": prefill_runs,
+            "decode_runs_tok_s": decode_runs,
+        });
+        println!("{report}");
+    } else {
+        println!("model    {}", args.model);
+        println!("backend  {describe}");
+        println!(
+            "{:<10} {:>8} {:>12} {:>12} {:>12}",
+            "test", "tokens", "median t/s", "min t/s", "max t/s"
+        );
+        for (name, tokens, runs, value) in [
+            ("prefill", args.prompt_tokens, &prefill_runs, prefill),
+            ("decode", args.gen_tokens, &decode_runs, decode),
+        ] {
+            println!(
+                "{name:<10} {tokens:>8} {value:>12.2} {:>12.2} {:>12.2}",
+                runs[0],
+                runs[runs.len() - 1]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Sorts `runs` and returns their median.
+fn median(runs: &mut [f64]) -> f64 {
+    runs.sort_by(f64::total_cmp);
+    let n = runs.len();
+    if n % 2 == 1 {
+        runs[n / 2]
+    } else {
+        (runs[n / 2 - 1] + runs[n / 2]) / 2.0
+    }
+}
