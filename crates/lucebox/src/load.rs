@@ -8,23 +8,26 @@ use lucebox_backend::CpuBackend;
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
-/// A `--model` value: a GGUF path, or the name of a catalogue model that has been fetched.
+/// A `--model` value: a GGUF path, or the name of a catalogue model, fetched first when the
+/// model directory does not hold it yet.
 pub(crate) fn resolve_model(arg: &str) -> anyhow::Result<PathBuf> {
     let path = PathBuf::from(arg);
     if path.is_file() {
         return Ok(path);
     }
     let catalogue = lucebox_appliance::Catalogue::embedded()?;
-    if catalogue.model(arg).is_err() {
+    let Ok(model) = catalogue.model(arg) else {
         bail!(
             "--model {arg}: no such file, and no catalogue model of that name (see `lucebox fetch --list`)"
         );
-    }
+    };
     let cached = lucebox_appliance::model_path(&lucebox_appliance::model_dir()?, arg);
-    if !cached.is_file() {
-        bail!("--model {arg}: not fetched yet; run `lucebox fetch {arg}`");
+    if lucebox_appliance::Presence::of(&cached, model.bytes())?
+        == lucebox_appliance::Presence::Present
+    {
+        return Ok(cached);
     }
-    Ok(cached)
+    crate::fetch::fetch_model(model)
 }
 
 /// The open file and its model on the CPU backend.
