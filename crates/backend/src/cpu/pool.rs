@@ -170,12 +170,15 @@ fn worker(s: &Shared) {
     loop {
         let spin_until = Instant::now() + SPIN;
         let mut generation = s.generation.load(Ordering::Acquire);
-        while generation == seen
-            && !s.shutdown.load(Ordering::Relaxed)
-            && Instant::now() < spin_until
-        {
+        let mut spins = 0u32;
+        while generation == seen && !s.shutdown.load(Ordering::Relaxed) {
             std::hint::spin_loop();
             generation = s.generation.load(Ordering::Acquire);
+            spins = spins.wrapping_add(1);
+            // Reading the clock costs more than a spin: look at it now and then.
+            if spins.is_multiple_of(256) && Instant::now() >= spin_until {
+                break;
+            }
         }
         if generation == seen {
             let mut guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
