@@ -1,62 +1,166 @@
 //! AVX2 dot products of the legacy formats with Q8Block32 activations.
 //!
-//! The 4- and 5-bit formats multiply their unsigned values directly (`maddubs` takes an unsigned
-//! and a signed operand) and fold the offset or minimum in through the activation block's sum.
+//! Blocks go in groups of eight. For a group, the scales of weights and activations are gathered
+//! into vectors (one lane per block) and multiplied once, and the offset or minimum of each weight
+//! block is folded in with the activation block's sum: `d * q . x + bias * sum(x)`, for all eight
+//! blocks in one multiply-add. Each block then only multiplies its values and adds them, scaled
+//! by its lane of the group's scales. The 4- and 5-bit formats multiply their unsigned values
+//! directly: `maddubs` takes one unsigned and one signed operand.
 
 use std::arch::x86_64::*;
 
 use crate::activation::q8_32;
-use crate::bytes::{f32_at, u32_at};
-use crate::simd::{array, f16_at, load128, load256, prefetch_ahead, sum_f32x8, sum_i16_pairs};
+use crate::simd::{array, load128, load256, sum_i16_pairs};
 
-/// A weight block unpacked into 32 unsigned bytes `q`, its scale `d` and `bias`: the block is
-/// `d * q[i] + bias`.
-struct Unsigned {
-    q: __m256i,
-    d: f32,
-    bias: f32,
+/// Blocks whose scales are gathered together.
+pub(super) const GROUP: usize = 8;
+
+/// What a weight block adds to `d * q . x`, as a multiple of the activations' sum.
+#[derive(Clone, Copy)]
+pub(super) enum Bias {
+    /// `offset * d`: symmetric formats store values offset to be unsigned (0 for Q8_0).
+    Offset(f32),
+    /// The `f16` minimum stored after `d`.
+    Min,
 }
 
-/// Sums `d * q . x + bias * sum(x)` over the blocks.
+/// Per block of the group, `d` and the bias per unit of activation sum.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn weight_scales<const BYTES: usize>(
+    blocks: &[[u8; BYTES]; GROUP],
+    bias: Bias,
+) -> (__m256, __m256) {
+    let stride = BYTES as i32;
+    let offsets = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(stride),
+    );
+    // SAFETY: lane k reads the 4 bytes at the start of block k, inside `blocks` (a block has
+    // at least 18 bytes).
+    let fields = unsafe { _mm256_i32gather_epi32::<1>(blocks.as_ptr().cast(), offsets) };
+    // `d` is the low half of each field, the minimum (if any) the high half.
+    let low = _mm256_and_si256(fields, _mm256_set1_epi32(0xffff));
+    let high = _mm256_srli_epi32(fields, 16);
+    let halves = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0b11_01_10_00);
+    let d = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+    let bias = match bias {
+        Bias::Offset(offset) => _mm256_mul_ps(d, _mm256_set1_ps(offset)),
+        Bias::Min => _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)),
+    };
+    (d, bias)
+}
+
+/// Per block of the group, the activations' scale and `d * sum(q)`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn activation_scales(blocks: &[[u8; q8_32::BYTES]; GROUP]) -> (__m256, __m256) {
+    let offsets = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(q8_32::BYTES as i32),
+    );
+    let base: *const f32 = blocks.as_ptr().cast();
+    // SAFETY: lane k reads 4 bytes inside block k of `blocks`: the scale at byte 32, the sum at
+    // byte 36, of 40.
+    unsafe {
+        let d = _mm256_i32gather_ps::<1>(base.wrapping_byte_add(q8_32::D), offsets);
+        let sum = _mm256_i32gather_ps::<1>(base.wrapping_byte_add(q8_32::SUM), offsets);
+        (d, sum)
+    }
+}
+
+/// The sums of the lanes of each of eight vectors, as the lanes of one.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lane_sums(v: [__m256i; GROUP]) -> __m256i {
+    let pairs = [0, 2, 4, 6].map(|k| _mm256_hadd_epi32(v[k], v[k + 1]));
+    // Per 128-bit lane: the sums of its half of vectors 0..4, and of 4..8.
+    let quads = [
+        _mm256_hadd_epi32(pairs[0], pairs[1]),
+        _mm256_hadd_epi32(pairs[2], pairs[3]),
+    ];
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(quads[0], quads[1], 0x20),
+        _mm256_permute2x128_si256(quads[0], quads[1], 0x31),
+    )
+}
+
+/// One group's share, `d * q . x + bias * sum(x)` summed over its blocks, in eight lanes, from
+/// its blocks' products, summed into eight lanes each.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn dot_unsigned<const BYTES: usize>(
-    weight: &[u8],
-    activation: &[u8],
-    unpack: impl Fn(&[u8; BYTES]) -> Unsigned,
-) -> f32 {
-    let weights = weight.as_chunks::<BYTES>().0;
-    let activations = activation.as_chunks::<{ q8_32::BYTES }>().0;
-    let mut acc = _mm256_setzero_ps();
-    let mut bias = 0.0;
-    for (w, a) in weights.iter().zip(activations) {
-        prefetch_ahead(w);
-        let block = unpack(w);
-        let x = load256(array(a, 0));
-        // Unsigned values below 32 times |x| <= 127, in pairs: no i16 overflow.
-        let products = sum_i16_pairs(_mm256_maddubs_epi16(block.q, x));
-        let scale = _mm256_set1_ps(block.d * f32_at(a, q8_32::D));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(products), acc);
-        bias += block.bias * f32_at(a, q8_32::SUM);
-    }
-    sum_f32x8(acc) + bias
+pub(super) fn group_sum<const BYTES: usize>(
+    weights: &[[u8; BYTES]; GROUP],
+    activations: &[[u8; q8_32::BYTES]; GROUP],
+    bias: Bias,
+    products: [__m256i; GROUP],
+) -> __m256 {
+    let (d, weight_bias) = weight_scales(weights, bias);
+    let (activation_d, activation_sum) = activation_scales(activations);
+    // One lane per block: scaling them all takes one multiply-add.
+    let blocks = _mm256_cvtepi32_ps(lane_sums(products));
+    let biases = _mm256_mul_ps(weight_bias, activation_sum);
+    _mm256_fmadd_ps(_mm256_mul_ps(d, activation_d), blocks, biases)
 }
+
+/// The dot product of `$weight`, legacy blocks of `$bytes` bytes whose `$bias` is folded in
+/// through the activation sums, with `$activation`; `$products(w, x)` multiplies one block's
+/// values with its activations and sums them into eight `i32` lanes.
+///
+/// A macro rather than a function so that `$products`, which may need more than AVX2, is
+/// compiled, and inlined, with the instruction set of the kernel it expands in.
+macro_rules! dot_blocks {
+    ($weight:expr, $activation:expr, $bytes:literal, $bias:expr, $products:expr) => {{
+        use super::avx2::{GROUP, group_sum};
+        use crate::activation::q8_32;
+        let weights = $weight.as_chunks::<$bytes>().0;
+        let activations = $activation.as_chunks::<{ q8_32::BYTES }>().0;
+        let group = |w: &[[u8; $bytes]; GROUP], x: &[[u8; q8_32::BYTES]; GROUP]| {
+            let blocks = std::array::from_fn(|k| {
+                crate::simd::prefetch_ahead(&w[k]);
+                ($products)(&w[k], &x[k])
+            });
+            group_sum(w, x, $bias, blocks)
+        };
+        let (weight_groups, weight_rest) = weights.as_chunks::<GROUP>();
+        let (activation_groups, activation_rest) = activations.as_chunks::<GROUP>();
+        let mut acc = _mm256_setzero_ps();
+        for (w, x) in weight_groups.iter().zip(activation_groups) {
+            acc = _mm256_add_ps(acc, group(w, x));
+        }
+        if !weight_rest.is_empty() {
+            // The last blocks, padded with zero blocks, which add nothing, to a whole group.
+            let mut w = [[0; $bytes]; GROUP];
+            let mut x = [[0; q8_32::BYTES]; GROUP];
+            w[..weight_rest.len()].copy_from_slice(weight_rest);
+            x[..activation_rest.len()].copy_from_slice(activation_rest);
+            acc = _mm256_add_ps(acc, group(&w, &x));
+        }
+        crate::simd::sum_f32x8(acc)
+    }};
+}
+pub(super) use dot_blocks;
 
 /// The 32 nibbles of 16 bytes: the low ones are elements 0..16, the high ones 16..32.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn nibbles(packed: &[u8; 16]) -> __m256i {
-    let low = load128(packed);
-    let high = _mm_srli_epi16(low, 4);
-    _mm256_and_si256(_mm256_set_m128i(high, low), _mm256_set1_epi8(0x0f))
+pub(super) fn nibbles(packed: &[u8; 16]) -> __m256i {
+    // Both halves from one load, the upper one shifted by 4: no shuffle needed.
+    let both = _mm256_broadcastsi128_si256(load128(packed));
+    let shifted = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f))
 }
 
-/// 16 in byte `i` where bit `i` of `bits` is set, else 0.
+/// 16 in byte `i` where bit `i` of the little-endian `bits` is set, else 0.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn fifth_bits(bits: u32) -> __m256i {
+pub(super) fn fifth_bits(bits: &[u8; 4]) -> __m256i {
+    // A vector load: read into a general register, LLVM merges these 4 bytes with the load of
+    // the nibbles beside them and rebuilds both out of partial loads and five shuffles.
+    // SAFETY: `bits` is 4 readable bytes and the load has no alignment requirement.
+    let bits = unsafe { _mm_loadu_si32(bits.as_ptr().cast()) };
     let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(bits as i32),
+        _mm256_broadcastd_epi32(bits),
         _mm256_set_epi64x(
             0x0303_0303_0303_0303,
             0x0202_0202_0202_0202,
@@ -70,62 +174,54 @@ fn fifth_bits(bits: u32) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
+/// Unsigned values below 32 times activations of at most 127, in eight `i32` lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn unsigned_products(q: __m256i, x: &[u8; q8_32::BYTES]) -> __m256i {
+    // Pairs of products stay below 2 * 31 * 127: no i16 overflow.
+    sum_i16_pairs(_mm256_maddubs_epi16(q, load256(array(x, 0))))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_unsigned::<18>(weight, activation, |w| {
-        let d = f16_at(w, 0);
-        Unsigned {
-            q: nibbles(array(w, 2)),
-            d,
-            bias: -8.0 * d,
-        }
+    dot_blocks!(weight, activation, 18, Bias::Offset(-8.0), |w, x| {
+        unsigned_products(nibbles(array(w, 2)), x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_unsigned::<20>(weight, activation, |w| Unsigned {
-        q: nibbles(array(w, 4)),
-        d: f16_at(w, 0),
-        bias: f16_at(w, 2),
+    dot_blocks!(weight, activation, 20, Bias::Min, |w, x| {
+        unsigned_products(nibbles(array(w, 4)), x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_unsigned::<22>(weight, activation, |w| {
-        let d = f16_at(w, 0);
-        Unsigned {
-            q: _mm256_or_si256(nibbles(array(w, 6)), fifth_bits(u32_at(w, 2))),
-            d,
-            bias: -16.0 * d,
-        }
+    dot_blocks!(weight, activation, 22, Bias::Offset(-16.0), |w, x| {
+        let q = _mm256_or_si256(nibbles(array(w, 6)), fifth_bits(array(w, 2)));
+        unsigned_products(q, x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_unsigned::<24>(weight, activation, |w| Unsigned {
-        q: _mm256_or_si256(nibbles(array(w, 8)), fifth_bits(u32_at(w, 4))),
-        d: f16_at(w, 0),
-        bias: f16_at(w, 2),
+    dot_blocks!(weight, activation, 24, Bias::Min, |w, x| {
+        let q = _mm256_or_si256(nibbles(array(w, 8)), fifth_bits(array(w, 4)));
+        unsigned_products(q, x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
-    let weights = weight.as_chunks::<34>().0;
-    let activations = activation.as_chunks::<{ q8_32::BYTES }>().0;
-    let mut acc = _mm256_setzero_ps();
-    for (w, a) in weights.iter().zip(activations) {
-        prefetch_ahead(w);
+    dot_blocks!(weight, activation, 34, Bias::Offset(0.0), |w, x| {
         let q = load256(array(w, 2));
-        let x = load256(array(a, 0));
+        let x = load256(array(x, 0));
         // maddubs wants one unsigned operand: move the weights' signs onto the activations.
         // |q| <= 128 and |x| <= 127, in pairs: no i16 overflow.
-        let products = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-        let scale = _mm256_set1_ps(f16_at(w, 0) * f32_at(a, q8_32::D));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum_i16_pairs(products)), acc);
-    }
-    sum_f32x8(acc)
+        sum_i16_pairs(_mm256_maddubs_epi16(
+            _mm256_sign_epi8(q, q),
+            _mm256_sign_epi8(x, q),
+        ))
+    })
 }

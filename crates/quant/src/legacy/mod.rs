@@ -6,6 +6,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use lucebox_gguf::GgmlType;
 
@@ -178,9 +180,9 @@ macro_rules! legacy_formats {
 }
 
 legacy_formats! {
-    Q4_0: dot_q4_0;
-    Q4_1: dot_q4_1;
-    Q5_0: dot_q5_0;
-    Q5_1: dot_q5_1;
-    Q8_0: dot_q8_0;
+    Q4_0: dot_q4_0, dot_q4_0;
+    Q4_1: dot_q4_1, dot_q4_1;
+    Q5_0: dot_q5_0, dot_q5_0;
+    Q5_1: dot_q5_1, dot_q5_1;
+    Q8_0: dot_q8_0, dot_q8_0;
 }
