@@ -172,7 +172,8 @@ impl Tokenizer {
     /// The text of `ids`: their bytes concatenated, with invalid UTF-8 replaced by U+FFFD.
     ///
     /// With `skip_special`, control and unknown tokens render as nothing; unused tokens always
-    /// do, and ids outside the vocabulary too.
+    /// do, and ids outside the vocabulary too. Nothing is stripped: the space that SentencePiece
+    /// prefixes to a text decodes as a leading space.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
         let mut bytes = Vec::new();
         for &id in ids {

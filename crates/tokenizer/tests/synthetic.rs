@@ -100,6 +100,14 @@ fn sentencepiece_merges_by_score_with_byte_fallback() {
 }
 
 #[test]
+fn shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizer>();
+    send_sync::<lucebox_tokenizer::ChatTemplate>();
+    send_sync::<lucebox_tokenizer::StreamDecoder<std::sync::Arc<Tokenizer>>>();
+}
+
+#[test]
 fn unknown_pre_tokenizer_is_named() {
     let vocab = ByteLevelVocab {
         pre: "mystery-pre",

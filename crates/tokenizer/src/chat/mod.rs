@@ -8,7 +8,7 @@ use std::io;
 
 use lucebox_gguf::Metadata;
 use minijinja::{Environment, Value, context};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind};
 use crate::vocab::KEY_TOKENS;
@@ -16,7 +16,7 @@ use crate::vocab::KEY_TOKENS;
 const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 
 /// One message of a conversation, as the template sees it (`message.role`, `message.content`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,

@@ -1,5 +1,4 @@
 //! Small GGUF vocabularies written with `GgufWriter`, for tests that need no model.
-#![allow(dead_code)]
 
 use lucebox_gguf::{Array, GgufFile, GgufWriter, Value};
 
