@@ -181,6 +181,14 @@ fn qwen_0_5b_logits_and_greedy_continuations_match_the_reference() {
     check_model("qwen2.5-coder-0.5b-instruct-q4_k_m", &PROMPTS, 64);
 }
 
+/// qwen3's per-head q/k norms, on a 4-block file that tests/run-all derives from the 0.5B (no
+/// real qwen3 model is reachable here): tests/reference/make_qwen3_variant.py.
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn qwen3_variant_logits_match_the_reference() {
+    check_model("qwen3-test-4-blocks", &PROMPTS, 16);
+}
+
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn qwen_1_5b_greedy_continuations_match_the_reference() {
