@@ -3,8 +3,11 @@
 use lucebox_gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use lucebox_model::{Architecture, ModelConfig};
 
+type Keys = Vec<(&'static str, Value)>;
+type Edit = Box<dyn FnOnce(&mut Keys)>;
+
 /// A minimal qwen2 file: metadata plus the token embedding the config reads its vocabulary from.
-fn qwen2(edit: impl FnOnce(&mut Vec<(&'static str, Value)>)) -> Result<ModelConfig, String> {
+fn qwen2(edit: impl FnOnce(&mut Keys)) -> Result<ModelConfig, String> {
     let mut keys = vec![
         ("general.architecture", Value::String("qwen2".into())),
         ("qwen2.block_count", Value::U32(2)),
@@ -56,7 +59,7 @@ fn a_complete_file_gives_its_hyperparameters() {
 
 #[test]
 fn bad_metadata_is_refused_naming_the_key() {
-    let cases: [(&str, Box<dyn FnOnce(&mut Vec<(&'static str, Value)>)>); 7] = [
+    let cases: [(&str, Edit); 7] = [
         (
             "architecture \"mamba\" is not supported",
             Box::new(|k| set(k, "general.architecture", Value::String("mamba".into()))),
