@@ -9,6 +9,7 @@ use crate::bpe::{Bpe, Scratch};
 use crate::error::{Error, ErrorKind};
 use crate::pretokenize::{PRE_TOKENIZERS, PreTokenizer};
 use crate::special::{Segment, SpecialTokens};
+use crate::spm::Spm;
 use crate::stream::StreamDecoder;
 use crate::unicode::byte_to_char;
 use crate::vocab::{
@@ -32,7 +33,7 @@ pub struct Tokenizer {
 #[derive(Debug)]
 enum Model {
     Bpe { bpe: Box<Bpe>, pre: PreTokenizer },
-    Spm(Box<crate::spm::Spm>),
+    Spm(Box<Spm>),
 }
 
 impl Tokenizer {
@@ -78,7 +79,7 @@ impl Tokenizer {
                     add_space_prefix: true,
                 };
                 let vocab = Vocab::read(meta, Spelling::SentencePiece, defaults)?;
-                let spm = crate::spm::Spm::new(meta, &vocab)?;
+                let spm = Spm::new(meta, &vocab)?;
                 let digest = vocab.digest(model_name, None, None);
                 Self::assemble(meta, vocab, Model::Spm(Box::new(spm)), digest)
             }
