@@ -2,13 +2,16 @@
 //!
 //! For each matrix shape it quantizes one activation row, then takes the dot product of every
 //! weight row with it, over and over, and prints GB/s of weight bytes read and rows per second.
+//! With `--batch B` it quantizes B activation rows and takes each weight row's dot products with
+//! all of them at once (`WeightFormat::dot_rows`, as in a prefill); rows/s then counts dot
+//! products (weight rows times activation rows) per second.
 //! Shapes: `l1` (about 16 KiB of weights: the arithmetic alone), `l2` (about 512 KiB),
 //! `ffn_up` (8960 rows of 1536, as in Qwen2.5 1.5B), `ffn_down` (1536 rows of 8960), and `dram`
 //! (`--dram-mib` MiB of rows of 1536, larger than the caches; 0 skips it).
 //!
 //! ```text
 //! cargo run --release -p lucebox-quant --example quant-bench -- \
-//!     [--types Q4_K,Q6_K] [--isas avx2,avx512] [--seconds 0.5] [--dram-mib 1024]
+//!     [--types Q4_K,Q6_K] [--isas avx2,avx512] [--seconds 0.5] [--dram-mib 1024] [--batch 1]
 //! ```
 
 use std::hint::black_box;
@@ -21,6 +24,7 @@ struct Options {
     isas: Vec<Isa>,
     seconds: f64,
     dram_mib: usize,
+    batch: usize,
 }
 
 fn parse() -> Result<Options, String> {
@@ -36,6 +40,7 @@ fn parse() -> Result<Options, String> {
             .collect(),
         seconds: 0.5,
         dram_mib: 1024,
+        batch: 1,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -59,6 +64,9 @@ fn parse() -> Result<Options, String> {
                 options.dram_mib = value
                     .parse()
                     .map_err(|e| format!("--dram-mib {value}: {e}"))?;
+            }
+            "--batch" => {
+                options.batch = value.parse().map_err(|e| format!("--batch {value}: {e}"))?;
             }
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -136,18 +144,22 @@ fn measure(
     weights: &[u8],
     rows: usize,
     n: usize,
-    seconds: f64,
+    options: &Options,
 ) -> Measurement {
     let row_bytes = weights.len() / rows;
-    let x: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
-        .collect();
-    let mut activation = vec![0; format.activation_format().row_bytes(n)];
-    format.quantize_activation(&x, &mut activation);
+    let activation_bytes = format.activation_format().row_bytes(n);
+    let mut activations = vec![0; activation_bytes * options.batch];
+    for (b, activation) in activations.chunks_exact_mut(activation_bytes).enumerate() {
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 + b * 31) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        format.quantize_activation(&x, activation);
+    }
+    let mut out = vec![0.0; options.batch];
     let chunk_rows = (CHUNK_BYTES / row_bytes).max(1);
     let chunks: Vec<&[u8]> = weights.chunks(chunk_rows * row_bytes).collect();
     let mut best = vec![Duration::MAX; chunks.len()];
-    let budget = Duration::from_secs_f64(seconds);
+    let budget = Duration::from_secs_f64(options.seconds);
     let start = Instant::now();
     let mut passes = 0;
     while passes < 3 || start.elapsed() < budget {
@@ -155,7 +167,12 @@ fn measure(
             let chunk_start = Instant::now();
             let mut sum = 0.0;
             for row in chunk.chunks_exact(row_bytes) {
-                sum += format.dot(black_box(row), &activation);
+                if options.batch == 1 {
+                    sum += format.dot(black_box(row), &activations);
+                } else {
+                    format.dot_rows(black_box(row), &activations, &mut out);
+                    sum += out[0];
+                }
             }
             black_box(sum);
             *best = (*best).min(chunk_start.elapsed());
@@ -164,7 +181,7 @@ fn measure(
     }
     let elapsed = best.iter().sum::<Duration>().as_secs_f64();
     Measurement {
-        rows_per_second: rows as f64 / elapsed,
+        rows_per_second: (rows * options.batch) as f64 / elapsed,
         gigabytes_per_second: weights.len() as f64 / elapsed / 1e9,
     }
 }
@@ -199,7 +216,7 @@ fn main() {
                         continue;
                     }
                 };
-                let m = measure(&format, &weights, rows, n, options.seconds);
+                let m = measure(&format, &weights, rows, n, &options);
                 println!(
                     "{:<7} {:<7} {:<9} {:>6} {:>6} {:>9.2} {:>8.2} {:>12.0}",
                     ty.name(),

@@ -296,3 +296,41 @@ fn dequantize_rejects_a_short_source() {
     let format = WeightFormat::new(GgmlType::Q4_0, Isa::Scalar).unwrap();
     format.dequantize(&[0; 18], &mut [0.0; 64]);
 }
+
+#[test]
+fn dot_rows_equals_dot_row_by_row() {
+    for &ty in WeightFormat::supported_types() {
+        for isa in available_isas() {
+            let format = WeightFormat::new(ty, isa).unwrap();
+            let n = lengths(ty)[1];
+            let mut rng = Rng::new(n as u64 + 1);
+            let row = random_row(&mut rng, ty, n);
+            let row_bytes = format.activation_format().row_bytes(n);
+            for count in 0..10 {
+                let mut activations = vec![0; row_bytes * count];
+                for activation in activations.chunks_exact_mut(row_bytes) {
+                    format.quantize_activation(&random_activations(&mut rng, n), activation);
+                }
+                let mut out = vec![f32::NAN; count];
+                format.dot_rows(&row, &activations, &mut out);
+                for (i, activation) in activations.chunks_exact(row_bytes).enumerate() {
+                    let dot = format.dot(&row, activation);
+                    assert_eq!(
+                        out[i].to_bits(),
+                        dot.to_bits(),
+                        "{ty} {isa} row {i} of {count}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "activation bytes for 3 rows")]
+fn dot_rows_rejects_a_missing_row() {
+    let format = WeightFormat::new(GgmlType::Q4K, Isa::detect()).unwrap();
+    let row = random_row(&mut Rng::new(1), GgmlType::Q4K, 256);
+    let activations = vec![0; format.activation_format().row_bytes(256) * 2];
+    format.dot_rows(&row, &activations, &mut [0.0; 3]);
+}

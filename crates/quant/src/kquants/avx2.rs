@@ -69,101 +69,109 @@ fn scale_and_min_pairs(block: &[u8]) -> (__m256i, __m256i) {
     (scales, mins)
 }
 
-/// `scale_low * (q_low . x_low) + scale_high * (q_high . x_high)` in eight `i32` lanes, for two
-/// 32-element sub-blocks of unsigned values below 64.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn sub_block_pair(
-    q_low: __m256i,
-    q_high: __m256i,
-    x: &[u8; 64],
-    scale_low: __m256i,
-    scale_high: __m256i,
-) -> __m256i {
-    let low = _mm256_maddubs_epi16(q_low, load256(array(x, 0)));
-    let high = _mm256_maddubs_epi16(q_high, load256(array(x, 32)));
-    _mm256_add_epi32(
-        _mm256_madd_epi16(scale_low, low),
-        _mm256_madd_epi16(scale_high, high),
-    )
-}
-
-/// The shared body of Q4_K and Q5_K: `fifth_bits(w)` gives the 16s to add to the nibbles of each
-/// sub-block (zero for Q4_K).
+/// The shared body of Q4_K and Q5_K, for one weight row and `R` activation rows:
+/// `fifth_bits(w)` gives the 16s to add to the nibbles of each sub-block (zero for Q4_K).
 ///
 /// A first pass over a batch of blocks unpacks their scales into a buffer and takes the
 /// minimums' share; the second takes the products, broadcasting each scale from the buffer with
 /// a load. Broadcasting it from a register instead would take one or two shuffles per sub-block,
-/// and the shuffle unit is what limits this kernel.
+/// and the shuffle unit is what limits this kernel. With several activation rows, the weights
+/// are unpacked once for all of them.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn dot_with_mins<const BYTES: usize, const NIBBLES: usize>(
+pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
     weight: &[u8],
-    activation: &[u8],
+    activations: [&[u8]; R],
     fifth_bits: impl Fn(&[u8; BYTES]) -> [__m256i; 8],
-) -> f32 {
+) -> [f32; R] {
     let weights = weight.as_chunks::<BYTES>().0;
-    let activations = activation.as_chunks::<{ q8_256::BYTES }>().0;
+    let rows = activations.map(|a| a.as_chunks::<{ q8_256::BYTES }>().0);
     let low_nibbles = _mm256_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_mins = _mm256_setzero_ps();
-    let batches = weights.chunks(BATCH).zip(activations.chunks(BATCH));
-    for (weights, activations) in batches {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (batch, weights) in weights.chunks(BATCH).enumerate() {
+        let first = batch * BATCH;
         let mut scales = [[0u8; 32]; BATCH];
-        for ((w, a), scales) in weights.iter().zip(activations).zip(&mut scales) {
+        for ((i, w), scales) in weights.iter().enumerate().zip(&mut scales) {
             let (scale_pairs, min_pairs) = scale_and_min_pairs(w);
             store256(scales, scale_pairs);
-            let mins = _mm256_madd_epi16(load256(array(a, q8_256::BSUMS)), min_pairs);
-            let min_scale = _mm256_set1_ps(-f32_at(a, q8_256::D) * f16_at(w, 2));
-            acc_mins = _mm256_fmadd_ps(min_scale, _mm256_cvtepi32_ps(mins), acc_mins);
+            let dmin = _mm256_set1_ps(-f16_at(w, 2));
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                let a = &row[first + i];
+                let mins = _mm256_madd_epi16(load256(array(a, q8_256::BSUMS)), min_pairs);
+                let min_scale = _mm256_mul_ps(dmin, _mm256_set1_ps(f32_at(a, q8_256::D)));
+                *acc = _mm256_fmadd_ps(min_scale, _mm256_cvtepi32_ps(mins), *acc);
+            }
         }
-        for ((w, a), scales) in weights.iter().zip(activations).zip(&scales) {
+        for ((i, w), scales) in weights.iter().enumerate().zip(&scales) {
             prefetch_ahead(w);
             let scale = |s: usize| _mm256_set1_epi32(i32::from_le_bytes(*array(scales, 4 * s)));
             let high = fifth_bits(w);
-            let mut sum = _mm256_setzero_si256();
+            let mut sums = [_mm256_setzero_si256(); R];
             for j in 0..4 {
                 let packed = load256(array(w, NIBBLES + 32 * j));
                 let q_low = _mm256_and_si256(packed, low_nibbles);
                 let q_high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
-                let pair = sub_block_pair(
-                    _mm256_or_si256(q_low, high[2 * j]),
-                    _mm256_or_si256(q_high, high[2 * j + 1]),
-                    array(a, 64 * j),
-                    scale(2 * j),
-                    scale(2 * j + 1),
-                );
-                sum = _mm256_add_epi32(sum, pair);
+                let q_low = _mm256_or_si256(q_low, high[2 * j]);
+                let q_high = _mm256_or_si256(q_high, high[2 * j + 1]);
+                for (sum, row) in sums.iter_mut().zip(&rows) {
+                    let x = &row[first + i];
+                    // Unsigned values below 32 times |x| <= 127, in pairs: no i16 overflow.
+                    let low = _mm256_maddubs_epi16(q_low, load256(array(x, 64 * j)));
+                    let high = _mm256_maddubs_epi16(q_high, load256(array(x, 64 * j + 32)));
+                    let pair = _mm256_add_epi32(
+                        _mm256_madd_epi16(scale(2 * j), low),
+                        _mm256_madd_epi16(scale(2 * j + 1), high),
+                    );
+                    *sum = _mm256_add_epi32(*sum, pair);
+                }
             }
-            let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_at(w, 0));
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
+            let d = _mm256_set1_ps(f16_at(w, 0));
+            for ((acc, sum), row) in acc.iter_mut().zip(sums).zip(&rows) {
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[first + i], q8_256::D)));
+                *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+            }
         }
     }
-    sum_f32x8(_mm256_add_ps(acc, acc_mins))
+    acc.map(|acc| sum_f32x8(acc))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_with_mins::<144, 16>(weight, activation, |_| [_mm256_setzero_si256(); 8])
+    dot_with_mins::<144, 16, 1>(weight, [activation], |_| [_mm256_setzero_si256(); 8])[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot4_q4_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
+    dot_with_mins::<144, 16, 4>(weight, activations, |_| [_mm256_setzero_si256(); 8])
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_with_mins::<176, 48>(weight, activation, |w| {
-        let bits = load256(array(w, 16));
-        // Move bit s of every byte to bit 4: 16-bit shifts of at most 4 keep it in its byte.
-        [
-            _mm256_slli_epi16(bits, 4),
-            _mm256_slli_epi16(bits, 3),
-            _mm256_slli_epi16(bits, 2),
-            _mm256_slli_epi16(bits, 1),
-            bits,
-            _mm256_srli_epi16(bits, 1),
-            _mm256_srli_epi16(bits, 2),
-            _mm256_srli_epi16(bits, 3),
-        ]
-        .map(|shifted| _mm256_and_si256(shifted, _mm256_set1_epi8(0x10)))
-    })
+    dot_with_mins::<176, 48, 1>(weight, [activation], |w| q5_k_fifth_bits(w))[0]
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dot4_q5_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
+    dot_with_mins::<176, 48, 4>(weight, activations, |w| q5_k_fifth_bits(w))
+}
+
+/// 16 in byte `l` of sub-block `s` where bit `s` of Q5_K's high-bit byte `l` is set.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn q5_k_fifth_bits(w: &[u8; 176]) -> [__m256i; 8] {
+    let bits = load256(array(w, 16));
+    let sixteen = _mm256_set1_epi8(0x10);
+    // Move bit s of every byte to bit 4: 16-bit shifts of at most 4 keep it in its byte.
+    [
+        _mm256_and_si256(_mm256_slli_epi16(bits, 4), sixteen),
+        _mm256_and_si256(_mm256_slli_epi16(bits, 3), sixteen),
+        _mm256_and_si256(_mm256_slli_epi16(bits, 2), sixteen),
+        _mm256_and_si256(_mm256_slli_epi16(bits, 1), sixteen),
+        _mm256_and_si256(bits, sixteen),
+        _mm256_and_si256(_mm256_srli_epi16(bits, 1), sixteen),
+        _mm256_and_si256(_mm256_srli_epi16(bits, 2), sixteen),
+        _mm256_and_si256(_mm256_srli_epi16(bits, 3), sixteen),
+    ]
 }
 
 /// Byte shuffles that take, from eight `i16` scales repeated in both 128-bit lanes, scale `2k`
@@ -186,22 +194,32 @@ static Q6_K_SCALE_PAIRS: [[u8; 32]; 4] = {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q6_k_rows::<1>(weight, [activation])[0]
+}
+
+/// Q6_K with `R` activation rows, the weights unpacked once for all of them.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
     let weights = weight.as_chunks::<210>().0;
-    let activations = activation.as_chunks::<{ q8_256::BYTES }>().0;
+    let rows = activations.map(|a| a.as_chunks::<{ q8_256::BYTES }>().0);
     let low_nibbles = _mm256_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); R];
     // Hidden from the optimiser, which would otherwise turn each one-instruction shuffle by a
     // constant mask into two or three cheaper-looking ones, all on the busiest port.
     let pair_masks = std::hint::black_box(&Q6_K_SCALE_PAIRS);
-    for (w, a) in weights.iter().zip(activations) {
+    for (i, w) in weights.iter().enumerate() {
         prefetch_ahead(w);
+        let scales_i8 = _mm256_cvtepi8_epi16(load128(array(w, 192)));
         // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
-        let bsums = load256(array(a, q8_256::BSUMS));
-        let offset = _mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(load128(array(w, 192))));
+        let mut sums = [_mm256_setzero_si256(); R];
+        for (sum, row) in sums.iter_mut().zip(&rows) {
+            let offset = _mm256_madd_epi16(load256(array(&row[i], q8_256::BSUMS)), scales_i8);
+            *sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+        }
         // Scales 0..8 and 8..16 as i16, each set repeated in both lanes.
         let scale_halves = [192, 200]
             .map(|at| _mm256_cvtepi8_epi16(_mm_set1_epi64x(i64::from_le_bytes(*array(w, at)))));
-        let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
         for (half, scales) in scale_halves.into_iter().enumerate() {
             let low_a = load256(array(w, 64 * half));
             let low_b = load256(array(w, 64 * half + 32));
@@ -225,15 +243,20 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
                 ),
             ];
             for (k, q) in q.into_iter().enumerate() {
-                let x = load256(array(a, 128 * half + 32 * k));
-                // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
-                let products = _mm256_maddubs_epi16(q, x);
                 let scale = _mm256_shuffle_epi8(scales, load256(&pair_masks[k]));
-                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(scale, products));
+                for (sum, row) in sums.iter_mut().zip(&rows) {
+                    let x = load256(array(&row[i], 128 * half + 32 * k));
+                    // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
+                    let products = _mm256_maddubs_epi16(q, x);
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(scale, products));
+                }
             }
         }
-        let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_at(w, 208));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
+        let d = _mm256_set1_ps(f16_at(w, 208));
+        for ((acc, sum), row) in acc.iter_mut().zip(sums).zip(&rows) {
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[i], q8_256::D)));
+            *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+        }
     }
-    sum_f32x8(acc)
+    acc.map(|acc| sum_f32x8(acc))
 }

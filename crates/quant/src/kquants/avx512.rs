@@ -8,9 +8,23 @@
 
 use std::arch::x86_64::*;
 
+use super::avx2::{dot_with_mins, q5_k_fifth_bits};
 use crate::activation::q8_256;
 use crate::bytes::f32_at;
 use crate::simd::{array, f16_at, load128, load256, load512, prefetch_ahead, sum_f32x8};
+
+/// The AVX2 kernel for four activation rows, compiled for AVX-512: its 32 vector registers hold
+/// the four rows' accumulators without spilling.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn dot4_q4_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
+    dot_with_mins::<144, 16, 4>(weight, activations, |_| [_mm256_setzero_si256(); 8])
+}
+
+/// Q5_K's kernel for four activation rows, compiled for AVX-512 as [`dot4_q4_k`] is.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn dot4_q5_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
+    dot_with_mins::<176, 48, 4>(weight, activations, |w| q5_k_fifth_bits(w))
+}
 
 /// `(a & 0x0f) | b`, for `b` without bits in the low nibble.
 #[target_feature(enable = "avx512f")]
@@ -21,8 +35,20 @@ fn low_nibbles_or(a: __m512i, b: __m512i) -> __m512i {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q6_k_rows::<1>(weight, [activation])[0]
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) fn dot4_q6_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
+    dot_q6_k_rows::<4>(weight, activations)
+}
+
+/// Q6_K with `R` activation rows, the weights unpacked once for all of them.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
     let weights = weight.as_chunks::<210>().0;
-    let activations = activation.as_chunks::<{ q8_256::BYTES }>().0;
+    let rows = activations.map(|a| a.as_chunks::<{ q8_256::BYTES }>().0);
     let bits_4_5 = _mm512_set1_epi8(0x30);
     // Per 256-bit half: where the high bits of the first and of the second 32 values sit.
     let to_bit_4_first = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
@@ -30,56 +56,23 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
     // Scale index of each i16 lane of a product vector: four groups of 16 values per 64.
     let group_of_lane: [__m512i; 4] = std::array::from_fn(|k| {
         let first = 4 * k as i16;
+        let [a, b, c, d] = [first, first + 1, first + 2, first + 3];
         _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_setr_epi16(
-                first,
-                first,
-                first,
-                first,
-                first,
-                first,
-                first,
-                first,
-                first + 1,
-                first + 1,
-                first + 1,
-                first + 1,
-                first + 1,
-                first + 1,
-                first + 1,
-                first + 1,
+                a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b,
             )),
-            _mm256_setr_epi16(
-                first + 2,
-                first + 2,
-                first + 2,
-                first + 2,
-                first + 2,
-                first + 2,
-                first + 2,
-                first + 2,
-                first + 3,
-                first + 3,
-                first + 3,
-                first + 3,
-                first + 3,
-                first + 3,
-                first + 3,
-                first + 3,
-            ),
+            _mm256_setr_epi16(c, c, c, c, c, c, c, c, d, d, d, d, d, d, d, d),
             1,
         )
     });
-    let mut acc = _mm256_setzero_ps();
-    for (w, a) in weights.iter().zip(activations) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, w) in weights.iter().enumerate() {
         prefetch_ahead(w);
         let scales = _mm256_cvtepi8_epi16(load128(array(w, 192)));
-        // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
-        let offset = _mm256_madd_epi16(load256(array(a, q8_256::BSUMS)), scales);
-        let scales = _mm512_castsi256_si512(scales);
-        // One accumulator per half: VNNI's multiply-adds take 5 cycles each.
-        let mut sums = [_mm512_setzero_si512(); 2];
-        for (half, sum) in sums.iter_mut().enumerate() {
+        // One accumulator per row and half: VNNI's multiply-adds take 5 cycles each.
+        let mut sums = [[_mm512_setzero_si512(); 2]; R];
+        let wide_scales = _mm512_castsi256_si512(scales);
+        for half in 0..2 {
             let low = load512(array(w, 64 * half));
             let high = _mm512_broadcast_i64x4(load256(array(w, 128 + 32 * half)));
             // Values 0..64 and 64..128 of this half, each below 64.
@@ -92,20 +85,28 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
                 _mm512_and_si512(_mm512_srlv_epi16(high, to_bit_4_second), bits_4_5),
             );
             for (k, q) in [(2 * half, first), (2 * half + 1, second)] {
-                // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
-                let products = _mm512_maddubs_epi16(q, load512(array(a, 64 * k)));
-                let scale = _mm512_permutexvar_epi16(group_of_lane[k], scales);
-                *sum = _mm512_dpwssd_epi32(*sum, products, scale);
+                let scale = _mm512_permutexvar_epi16(group_of_lane[k], wide_scales);
+                for (sums, row) in sums.iter_mut().zip(&rows) {
+                    // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
+                    let products = _mm512_maddubs_epi16(q, load512(array(&row[i], 64 * k)));
+                    sums[half] = _mm512_dpwssd_epi32(sums[half], products, scale);
+                }
             }
         }
-        let sum = _mm512_add_epi32(sums[0], sums[1]);
-        let sum = _mm256_add_epi32(
-            _mm512_castsi512_si256(sum),
-            _mm512_extracti64x4_epi64(sum, 1),
-        );
-        let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5));
-        let scale = _mm256_set1_ps(f32_at(a, q8_256::D) * f16_at(w, 208));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), acc);
+        let d = _mm256_set1_ps(f16_at(w, 208));
+        for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
+            let a = &row[i];
+            // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
+            let offset = _mm256_madd_epi16(load256(array(a, q8_256::BSUMS)), scales);
+            let sum = _mm512_add_epi32(sums[0], sums[1]);
+            let sum = _mm256_add_epi32(
+                _mm512_castsi512_si256(sum),
+                _mm512_extracti64x4_epi64(sum, 1),
+            );
+            let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5));
+            let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(a, q8_256::D)));
+            *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+        }
     }
-    sum_f32x8(acc)
+    acc.map(|acc| sum_f32x8(acc))
 }
