@@ -182,6 +182,9 @@ impl WeightFormat {
 
     /// The dot product of one weight row with one quantized activation row of the same length.
     ///
+    /// The SIMD kernels hint the CPU to fetch the 8 KiB after the row (in a matrix, the next
+    /// rows); they read nothing outside the two slices.
+    ///
     /// # Panics
     /// When `weight_row` is not a whole number of blocks or `activation_row` does not hold as
     /// many elements.

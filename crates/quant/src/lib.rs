@@ -1,10 +1,15 @@
 //! GGML block formats on the host: dequantization to `f32` and fast dot products.
 //!
 //! A matmul quantizes each activation row once, in the [`ActivationFormat`] its weights' format
-//! asks for, then takes dot products of raw weight rows (GGUF block bytes) with it.
-//! [`WeightFormat`] holds the kernels for one weight type, chosen once for an instruction-set
-//! level ([`Isa`], detected at run time): AVX2 and AVX-512 kernels on x86-64, portable Rust
-//! everywhere (also the reference the SIMD kernels are tested against).
+//! asks for, then takes dot products of raw weight rows (GGUF block bytes) with it:
+//! [`WeightFormat::dot`] for one activation row (decode), [`WeightFormat::dot_rows`] for several
+//! (prefill). [`WeightFormat`] holds the kernels for one weight type, chosen once for an
+//! instruction-set level ([`Isa`], detected at run time): AVX2 and AVX-512 kernels on x86-64,
+//! portable Rust everywhere (also the reference the SIMD kernels are tested against).
+//!
+//! The SIMD kernels prefetch the 8 KiB that follow the weights they multiply: a matmul that
+//! takes the rows of a matrix in order streams its weights from memory with the transfers
+//! overlapping the arithmetic.
 //!
 //! Supported weight types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS.
 //!
