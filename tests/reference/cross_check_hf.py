@@ -28,17 +28,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from compare import compare_logits, default_sequences  # noqa: E402
 from model import GgufModel, forward  # noqa: E402
 
 # Largest acceptable |hf - reference| relative to the spread (max - min) of the row's logits.
 RELATIVE_TOLERANCE = 1e-3
 # Top-two margins below this are near-ties: their argmax may legitimately differ.
 NEAR_TIE = 1e-3
-
-
-def default_sequences(vocab: int) -> list[list[int]]:
-    rng = np.random.default_rng(20261129)
-    return [[int(t) for t in rng.integers(0, vocab, n)] for n in (1, 17, 100)]
 
 
 def hf_logits(path: Path, tied_output: bool, sequences: list[list[int]], device: str) -> list[np.ndarray]:
@@ -58,30 +54,6 @@ def hf_logits(path: Path, tied_output: bool, sequences: list[list[int]], device:
             ids = torch.tensor([seq], dtype=torch.long, device=device)
             out.append(model(input_ids=ids).logits[0].double().cpu().numpy())
     return out
-
-
-def compare(name: str, ours: list[np.ndarray], theirs: list[np.ndarray]) -> bool:
-    ok = True
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a.shape != b.shape:
-            print(f"{name} seq {i}: shape {a.shape} vs transformers {b.shape}")
-            ok = False
-            continue
-        diff = np.abs(a - b)
-        spread = a.max(axis=1) - a.min(axis=1)
-        relative = float(np.max(diff.max(axis=1) / spread))
-        top = np.sort(a, axis=1)
-        margin = top[:, -1] - top[:, -2]
-        disagree = (np.argmax(a, axis=1) != np.argmax(b, axis=1)) & (margin >= NEAR_TIE)
-        agree_all = float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
-        verdict = "ok" if relative <= RELATIVE_TOLERANCE and not disagree.any() else "MISMATCH"
-        ok &= verdict == "ok"
-        print(
-            f"{name} seq {i} ({a.shape[0]} tokens): max |diff| {diff.max():.3e}, "
-            f"relative to row spread {relative:.3e}, argmax agreement {agree_all:.3f}, "
-            f"decisive disagreements {int(disagree.sum())}: {verdict}"
-        )
-    return ok
 
 
 def main() -> int:
@@ -106,7 +78,7 @@ def main() -> int:
             f"{path.name}: reference {middle - started:.1f} s, transformers {time.perf_counter() - middle:.1f} s",
             file=sys.stderr,
         )
-        all_ok &= compare(path.name, ours, theirs)
+        all_ok &= compare_logits(path.name, ours, theirs, RELATIVE_TOLERANCE, NEAR_TIE)
     print("cross-check:", "ok" if all_ok else "MISMATCH")
     return 0 if all_ok else 1
 

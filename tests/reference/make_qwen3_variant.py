@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+from gguf_copy import metadata_items
 
 SOURCE_ARCH = "qwen2"
 TARGET_ARCH = "qwen3"
@@ -36,15 +38,9 @@ def copy_metadata(reader: GGUFReader, writer: GGUFWriter, blocks: int) -> int:
     """Copies every key (qwen2.* renamed), sets block_count; returns the head dimension."""
     source_blocks = None
     n_embd = n_head = head_dim = None
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        key = field.name
+    for key, value, vtype, sub_type in metadata_items(reader):
         if key.startswith(f"{SOURCE_ARCH}."):
             key = f"{TARGET_ARCH}." + key[len(SOURCE_ARCH) + 1 :]
-        value = field.contents()
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
         if key == f"{TARGET_ARCH}.block_count":
             source_blocks = value
             value = blocks

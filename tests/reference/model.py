@@ -205,7 +205,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+    # sigmoid(x) = (1 + tanh(x/2)) / 2 without exp(-x) overflowing for large negative x.
+    return x * 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
