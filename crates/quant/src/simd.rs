@@ -3,12 +3,20 @@
 
 use std::arch::x86_64::*;
 
-/// The `N` bytes of `bytes` starting at `offset`. Kernels call this with constant offsets
+/// The `N` items of `items` starting at `offset`. Kernels call this with constant offsets
 /// inside fixed-size blocks, where it compiles to nothing.
 #[inline(always)]
-pub(crate) fn array<const N: usize>(bytes: &[u8], offset: usize) -> &[u8; N] {
-    bytes[offset..]
+pub(crate) fn array<T, const N: usize>(items: &[T], offset: usize) -> &[T; N] {
+    items[offset..]
         .first_chunk::<N>()
+        .expect("block field lies within its block")
+}
+
+/// [`array`], writable.
+#[inline(always)]
+pub(crate) fn array_mut<T, const N: usize>(items: &mut [T], offset: usize) -> &mut [T; N] {
+    items[offset..]
+        .first_chunk_mut::<N>()
         .expect("block field lies within its block")
 }
 

@@ -1,5 +1,6 @@
-//! Every format on every available ISA: dot products against the portable kernels and against an
-//! f64 dot of the dequantized operands, and the activation quantizers' round trip.
+//! Every format on every available ISA: dot products against the portable kernels, against an f64
+//! dot of the dequantized operands and against an f64 dot of the dequantized weights with the
+//! original activations, and the two-part activation quantizers' round trip.
 
 mod common;
 
@@ -18,6 +19,48 @@ fn lengths(ty: GgmlType) -> Vec<usize> {
         32 => vec![32, 96, 1536],
         block => vec![block, 3 * block, 1536, 8960],
     }
+}
+
+/// One block of a split activation format, read from its documented layout.
+struct SplitBlock {
+    hi: Vec<i8>,
+    lo: Vec<i8>,
+    d_hi: f32,
+    d_lo: f32,
+}
+
+impl SplitBlock {
+    /// The blocks of a row of `format`, which must be a split format.
+    fn read(format: ActivationFormat, row: &[u8]) -> Vec<SplitBlock> {
+        let len = format.block_len();
+        // The scales follow the values and, in 256-blocks, the two parts' 16-element sums.
+        let scales = match format {
+            ActivationFormat::SplitQ8Block32 => 64,
+            ActivationFormat::SplitQ8Block256 => 576,
+            other => panic!("{other:?} is not a split format"),
+        };
+        row.chunks_exact(format.block_bytes())
+            .map(|b| {
+                let values = |at: usize| b[at..at + len].iter().map(|&v| v as i8).collect();
+                let scale = |at: usize| f32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+                SplitBlock {
+                    hi: values(0),
+                    lo: values(len),
+                    d_hi: scale(scales),
+                    d_lo: scale(scales + 4),
+                }
+            })
+            .collect()
+    }
+
+    /// Element `i` in f64, as the kernels take it: `d_hi * hi + d_lo * lo` without rounding.
+    fn element(&self, i: usize) -> f64 {
+        f64::from(self.d_hi) * f64::from(self.hi[i]) + f64::from(self.d_lo) * f64::from(self.lo[i])
+    }
+}
+
+fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
 /// A row with everything the checks need.
@@ -97,34 +140,57 @@ fn scalar_dot_equals_f64_dot_of_the_dequantized_operands() {
     }
 }
 
+/// The dot products of the quantized formats with the original activations: within the bound
+/// the low part's rounding gives (each activation off by at most half a low step) plus the
+/// kernels' `f32` rounding. The high part alone, the single-part format this replaced, must miss
+/// that bound in most cases: the bound is tight enough to tell the two apart.
 #[test]
-fn dot_is_within_the_activation_quantization_error_of_the_f32_dot() {
+fn dot_is_within_the_low_part_rounding_of_the_f32_dot() {
     for &ty in WeightFormat::supported_types() {
         let scalar = WeightFormat::new(ty, Isa::Scalar).unwrap();
-        let block = scalar.activation_format().block_len();
-        for n in lengths(ty) {
-            let case = Case::new(ty, n, n as u64);
-            let dot = f64::from(scalar.dot(&case.row, &case.activation));
-            let exact: f64 = case
-                .w
-                .iter()
-                .zip(&case.x)
-                .map(|(&w, &x)| f64::from(w) * f64::from(x))
-                .sum();
-            // Each activation is off by at most half a step of its block.
-            let mut bound = 2e-6 * case.magnitude();
-            for (w, x) in case.w.chunks(block).zip(case.x.chunks(block)) {
-                let step = match scalar.activation_format() {
-                    ActivationFormat::F32 => 0.0,
-                    _ => x.iter().fold(0.0f64, |m, &v| m.max(f64::from(v).abs())) / 127.0,
-                };
-                bound += step / 2.0 * w.iter().map(|&v| f64::from(v).abs()).sum::<f64>();
-            }
-            assert!(
-                (dot - exact).abs() <= bound,
-                "{ty} n={n}: {dot} vs {exact} (bound {bound})"
-            );
+        let format = scalar.activation_format();
+        if format == ActivationFormat::F32 {
+            continue;
         }
+        let block = format.block_len();
+        let (mut cases, mut single_part_misses) = (0, 0);
+        for n in lengths(ty) {
+            for seed in 0..4 {
+                let case = Case::new(ty, n, seed * 6151 + n as u64);
+                let dot = f64::from(scalar.dot(&case.row, &case.activation));
+                let exact: f64 = case
+                    .w
+                    .iter()
+                    .zip(&case.x)
+                    .map(|(&w, &x)| f64::from(w) * f64::from(x))
+                    .sum();
+                let blocks = SplitBlock::read(format, &case.activation);
+                let mut bound = 2e-6 * case.magnitude();
+                let mut single_part = 0.0;
+                for (w, b) in case.w.chunks(block).zip(&blocks) {
+                    let w_sum: f64 = w.iter().map(|&v| f64::from(v).abs()).sum();
+                    bound += f64::from(b.d_lo) / 2.0 * w_sum;
+                    single_part += w
+                        .iter()
+                        .zip(&b.hi)
+                        .map(|(&w, &hi)| f64::from(w) * f64::from(b.d_hi) * f64::from(hi))
+                        .sum::<f64>();
+                }
+                assert!(
+                    (dot - exact).abs() <= bound,
+                    "{ty} n={n} seed={seed}: {dot} vs {exact} (bound {bound})"
+                );
+                cases += 1;
+                if (single_part - exact).abs() > bound {
+                    single_part_misses += 1;
+                }
+            }
+        }
+        assert!(
+            4 * single_part_misses >= 3 * cases,
+            "{ty}: the high part alone kept within the bound in {} of {cases} cases",
+            cases - single_part_misses
+        );
     }
 }
 
@@ -153,34 +219,77 @@ fn simd_dot_agrees_with_scalar_dot() {
 
 const ACTIVATION_FORMATS: [(ActivationFormat, GgmlType); 3] = [
     (ActivationFormat::F32, GgmlType::F32),
-    (ActivationFormat::Q8Block32, GgmlType::Q8_0),
-    (ActivationFormat::Q8Block256, GgmlType::Q4K),
+    (ActivationFormat::SplitQ8Block32, GgmlType::Q8_0),
+    (ActivationFormat::SplitQ8Block256, GgmlType::Q4K),
 ];
 
+/// Random activations, then blocks of 256 that take the quantizers' edge cases: all zero, values
+/// the high part holds exactly (no residual), one outlier among tiny values, subnormals.
+fn activations_with_edge_cases(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = random_activations(&mut Rng::new(seed), n);
+    x.extend([0.0; 256]);
+    x.extend((0..256).map(|i| (i % 255) as f32 - 127.0));
+    x.extend((0..256).map(|i| {
+        if i == 100 {
+            50.0
+        } else {
+            1e-6 * (i as f32 - 128.0)
+        }
+    }));
+    x.extend((0..256).map(|i| f32::from_bits(i * 1000 + 1) * if i % 2 == 0 { 1.0 } else { -1.0 }));
+    x
+}
+
 #[test]
-fn quantized_activations_round_trip_within_half_a_step() {
-    for (format, ty) in ACTIVATION_FORMATS {
+fn the_f32_format_round_trips_exactly() {
+    let x = activations_with_edge_cases(9, 512);
+    let format = WeightFormat::new(GgmlType::F32, Isa::detect()).unwrap();
+    let mut q = vec![0; ActivationFormat::F32.row_bytes(x.len())];
+    format.quantize_activation(&x, &mut q);
+    let mut back = vec![0.0; x.len()];
+    ActivationFormat::F32.dequantize(&q, &mut back);
+    assert_eq!(back, x);
+}
+
+/// Each activation comes back within half a low step, `d_lo / 2`, which is at most about
+/// `amax / 64516`: the low part quantizes a residual of at most half a high step. (A part
+/// smaller than `127 * f32::MIN_POSITIVE` is zero: that much absolute error is allowed too.)
+#[test]
+fn split_activations_round_trip_within_half_a_low_step() {
+    for (format, ty) in &ACTIVATION_FORMATS[1..] {
         let block = format.block_len();
         for isa in available_isas() {
-            let quantizer = WeightFormat::new(ty, isa).unwrap();
+            let quantizer = WeightFormat::new(*ty, isa).unwrap();
             for n in [block, 4 * block, 2048] {
-                let x = random_activations(&mut Rng::new(n as u64), n);
-                let mut q = vec![0; format.row_bytes(n)];
+                let x = activations_with_edge_cases(n as u64, n);
+                let mut q = vec![0; format.row_bytes(x.len())];
                 quantizer.quantize_activation(&x, &mut q);
-                let mut back = vec![0.0; n];
+                let mut back = vec![0.0; x.len()];
                 format.dequantize(&q, &mut back);
-                for (i, (x, back)) in x.chunks(block).zip(back.chunks(block)).enumerate() {
-                    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                    let step = if format == ActivationFormat::F32 {
-                        0.0
-                    } else {
-                        amax / 127.0
-                    };
-                    for (&x, &back) in x.iter().zip(back) {
-                        let error = (x - back).abs();
+                let blocks = SplitBlock::read(*format, &q);
+                let chunks = x.chunks(block).zip(back.chunks(block)).zip(&blocks);
+                for (i, ((x, back), b)) in chunks.enumerate() {
+                    let amax = amax(x);
+                    let context = format!("{format:?} {isa} n={n} block {i}");
+                    assert!(
+                        b.d_lo <= amax / (127.0 * 254.0) * 1.0001,
+                        "{context}: d_lo {} for amax {amax}",
+                        b.d_lo
+                    );
+                    for (k, (&x, &back)) in x.iter().zip(back).enumerate() {
+                        // The kernels' value, and dequantize's, rounded once more to f32.
+                        let slack = f64::from(amax) * 2e-7 + 127.0 * f64::from(f32::MIN_POSITIVE);
+                        let bound = f64::from(b.d_lo) * 0.5001 + slack;
+                        let error = (f64::from(x) - b.element(k)).abs();
                         assert!(
-                            error <= step * 0.5001 + amax * 1e-7,
-                            "{format:?} {isa} block {i}: {x} became {back} (step {step})"
+                            error <= bound,
+                            "{context}: {x} became {} (bound {bound})",
+                            b.element(k)
+                        );
+                        let error = (f64::from(x) - f64::from(back)).abs();
+                        assert!(
+                            error <= bound + slack,
+                            "{context}: dequantize gave {back} for {x}"
                         );
                     }
                 }
@@ -192,8 +301,8 @@ fn quantized_activations_round_trip_within_half_a_step() {
 #[test]
 fn every_isa_quantizes_activations_to_the_same_bytes() {
     for (format, ty) in ACTIVATION_FORMATS {
-        let n = 4096;
-        let x = random_activations(&mut Rng::new(3), n);
+        let x = activations_with_edge_cases(3, 4096);
+        let n = x.len();
         let mut expected = vec![0; format.row_bytes(n)];
         WeightFormat::new(ty, Isa::Scalar)
             .unwrap()
@@ -203,7 +312,12 @@ fn every_isa_quantizes_activations_to_the_same_bytes() {
             WeightFormat::new(ty, isa)
                 .unwrap()
                 .quantize_activation(&x, &mut got);
-            assert!(got == expected, "{format:?} {isa}");
+            let first_difference = got.iter().zip(&expected).position(|(a, b)| a != b);
+            assert!(
+                first_difference.is_none(),
+                "{format:?} {isa}: byte {first_difference:?} differs, block bytes {}",
+                format.block_bytes()
+            );
         }
     }
 }
@@ -211,26 +325,30 @@ fn every_isa_quantizes_activations_to_the_same_bytes() {
 #[test]
 fn blocks_with_sums_record_them() {
     let x = random_activations(&mut Rng::new(5), 256);
+    let sum = |values: &[i8]| values.iter().map(|&v| i32::from(v)).sum::<i32>();
     for isa in available_isas() {
+        let format = ActivationFormat::SplitQ8Block32;
+        let mut q = vec![0; format.row_bytes(256)];
         let q8_0 = WeightFormat::new(GgmlType::Q8_0, isa).unwrap();
-        let mut q = vec![0; ActivationFormat::Q8Block32.row_bytes(256)];
         q8_0.quantize_activation(&x, &mut q);
-        for block in q.chunks_exact(ActivationFormat::Q8Block32.block_bytes()) {
-            let sum: i32 = block[..32].iter().map(|&v| i32::from(v as i8)).sum();
-            let d = f32::from_le_bytes(block[32..36].try_into().unwrap());
-            let recorded = f32::from_le_bytes(block[36..40].try_into().unwrap());
-            assert_eq!(recorded, d * sum as f32, "{isa}");
+        let blocks = q.chunks_exact(format.block_bytes());
+        for (bytes, b) in blocks.zip(SplitBlock::read(format, &q)) {
+            let recorded = f32::from_le_bytes(bytes[72..76].try_into().unwrap());
+            let expected = b.d_hi * sum(&b.hi) as f32 + b.d_lo * sum(&b.lo) as f32;
+            assert_eq!(recorded, expected, "{isa}");
         }
+        let format = ActivationFormat::SplitQ8Block256;
+        let mut q = vec![0; format.row_bytes(256)];
         let q4_k = WeightFormat::new(GgmlType::Q4K, isa).unwrap();
-        let mut q = vec![0; ActivationFormat::Q8Block256.row_bytes(256)];
         q4_k.quantize_activation(&x, &mut q);
-        for g in 0..16 {
-            let sum: i32 = q[16 * g..16 * g + 16]
-                .iter()
-                .map(|&v| i32::from(v as i8))
-                .sum();
-            let recorded = i16::from_le_bytes([q[256 + 2 * g], q[257 + 2 * g]]);
-            assert_eq!(i32::from(recorded), sum, "{isa} group {g}");
+        let b = &SplitBlock::read(format, &q)[0];
+        for (part, (values, sums_at)) in [(&b.hi, 512), (&b.lo, 544)].into_iter().enumerate() {
+            for g in 0..16 {
+                let at = sums_at + 2 * g;
+                let recorded = i16::from_le_bytes([q[at], q[at + 1]]);
+                let expected = sum(&values[16 * g..16 * g + 16]);
+                assert_eq!(i32::from(recorded), expected, "{isa} part {part} group {g}");
+            }
         }
     }
 }

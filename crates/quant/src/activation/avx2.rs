@@ -1,11 +1,11 @@
-//! AVX2 activation quantizers, byte for byte equal to the portable ones: the scale comes from
-//! the same function, the product `x * inverse` is the same `f32` operation, and the conversion
-//! rounds half to even like `round_ties_even`.
+//! AVX2 activation quantizers, byte for byte equal to the portable ones: the scales come from
+//! the same function, the products `x * inverse` and the residual's multiply and subtract are the
+//! same `f32` operations, and the conversion rounds half to even like `round_ties_even`.
 
 use std::arch::x86_64::*;
 
-use super::{q8_32, q8_256, scale_of};
-use crate::simd::{load_f32s, max_f32x8, store256, sum_i32x8};
+use super::{block_sum, scale_of, split32, split256};
+use crate::simd::{array, array_mut, load_f32s, max_f32x8, store256, sum_i32x8};
 
 /// Four vectors of eight values.
 type Values32 = [__m256; 4];
@@ -44,44 +44,88 @@ fn quantize32(values: &Values32, inverse: __m256, q: &mut [u8; 32]) -> [__m256i;
     ints
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn quantize_q8_32(x: &[f32], dst: &mut [u8]) {
-    let blocks = dst.as_chunks_mut::<{ q8_32::BYTES }>().0;
-    for (x, block) in x.as_chunks::<32>().0.iter().zip(blocks) {
-        let values = load32(x);
-        let (d, inverse) = scale_of(amax(std::slice::from_ref(&values)));
-        let (q, rest) = block
-            .split_first_chunk_mut::<32>()
-            .expect("block holds 32 values");
-        let ints = quantize32(&values, _mm256_set1_ps(inverse), q);
-        let sum = _mm256_add_epi32(
-            _mm256_add_epi32(ints[0], ints[1]),
-            _mm256_add_epi32(ints[2], ints[3]),
-        );
-        rest[..4].copy_from_slice(&d.to_le_bytes());
-        rest[4..].copy_from_slice(&(d * sum_i32x8(sum) as f32).to_le_bytes());
+/// The sums of values 0..16 and 16..32 of 32 quantized values.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn half_sums(ints: &[__m256i; 4]) -> [i32; 2] {
+    [
+        sum_i32x8(_mm256_add_epi32(ints[0], ints[1])),
+        sum_i32x8(_mm256_add_epi32(ints[2], ints[3])),
+    ]
+}
+
+/// The scales of a block quantized in two parts, and per part the sums of its values by 16.
+struct Split<const GROUPS: usize> {
+    d: [f32; 2],
+    sums: [[[i32; 2]; GROUPS]; 2],
+}
+
+/// Quantizes `GROUPS` groups of 32 values in two parts, writing the high values at `hi` and the
+/// low ones at `lo` in `block`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn split<const GROUPS: usize>(
+    x: &[[f32; 32]; GROUPS],
+    block: &mut [u8],
+    hi: usize,
+    lo: usize,
+) -> Split<GROUPS> {
+    let values: [Values32; GROUPS] = std::array::from_fn(|k| load32(&x[k]));
+    let (d_hi, inverse) = scale_of(amax(&values));
+    let inverse = _mm256_set1_ps(inverse);
+    let d = _mm256_set1_ps(d_hi);
+    let mut sums = [[[0; 2]; GROUPS]; 2];
+    let mut residual = [[_mm256_setzero_ps(); 4]; GROUPS];
+    for (k, (values, residual)) in values.iter().zip(&mut residual).enumerate() {
+        let ints = quantize32(values, inverse, array_mut(block, hi + 32 * k));
+        sums[0][k] = half_sums(&ints);
+        *residual = std::array::from_fn(|i| {
+            _mm256_sub_ps(values[i], _mm256_mul_ps(d, _mm256_cvtepi32_ps(ints[i])))
+        });
+    }
+    let (d_lo, inverse) = scale_of(amax(&residual));
+    let inverse = _mm256_set1_ps(inverse);
+    for (k, residual) in residual.iter().enumerate() {
+        let ints = quantize32(residual, inverse, array_mut(block, lo + 32 * k));
+        sums[1][k] = half_sums(&ints);
+    }
+    Split {
+        d: [d_hi, d_lo],
+        sums,
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn quantize_q8_256(x: &[f32], dst: &mut [u8]) {
-    let blocks = dst.as_chunks_mut::<{ q8_256::BYTES }>().0;
+pub(super) fn quantize_split32(x: &[f32], dst: &mut [u8]) {
+    let blocks = dst.as_chunks_mut::<{ split32::BYTES }>().0;
+    let [hi, lo] = split32::PARTS;
+    for (x, block) in x.as_chunks::<32>().0.iter().zip(blocks) {
+        let Split { d, sums } = split::<1>(
+            array(std::slice::from_ref(x), 0),
+            block,
+            hi.values,
+            lo.values,
+        );
+        *array_mut(block, hi.d) = d[0].to_le_bytes();
+        *array_mut(block, lo.d) = d[1].to_le_bytes();
+        let [sum_hi, sum_lo] = sums.map(|[[first, second]]| first + second);
+        *array_mut(block, split32::SUM) = block_sum(d[0], sum_hi, d[1], sum_lo).to_le_bytes();
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn quantize_split256(x: &[f32], dst: &mut [u8]) {
+    let blocks = dst.as_chunks_mut::<{ split256::BYTES }>().0;
+    let [hi, lo] = split256::PARTS;
     for (x, block) in x.as_chunks::<256>().0.iter().zip(blocks) {
         let groups = x.as_chunks::<32>().0;
-        let values: [Values32; 8] = std::array::from_fn(|k| load32(&groups[k]));
-        let (d, inverse) = scale_of(amax(&values));
-        let inverse = _mm256_set1_ps(inverse);
-        let (q, rest) = block.split_at_mut(256);
-        let (bsums, scale) = rest.split_at_mut(32);
-        let q = q.as_chunks_mut::<32>().0;
-        let bsums = bsums.as_chunks_mut::<4>().0;
-        for ((values, q), bsum) in values.iter().zip(q).zip(bsums) {
-            let ints = quantize32(values, inverse, q);
-            let first = sum_i32x8(_mm256_add_epi32(ints[0], ints[1])) as i16;
-            let second = sum_i32x8(_mm256_add_epi32(ints[2], ints[3])) as i16;
-            bsum[..2].copy_from_slice(&first.to_le_bytes());
-            bsum[2..].copy_from_slice(&second.to_le_bytes());
+        let Split { d, sums } = split::<8>(array(groups, 0), block, hi.values, lo.values);
+        for ((part, d), sums) in [hi, lo].into_iter().zip(d).zip(sums) {
+            for (i, sum) in sums.as_flattened().iter().enumerate() {
+                // 16 values of at most 127 in magnitude: the sum fits an i16.
+                *array_mut(block, part.sums + 2 * i) = (*sum as i16).to_le_bytes();
+            }
+            *array_mut(block, part.d) = d.to_le_bytes();
         }
-        scale.copy_from_slice(&d.to_le_bytes());
     }
 }

@@ -1,53 +1,103 @@
 //! The formats activations are quantized to before a matmul, and their scalar quantizers.
 //!
-//! Both integer formats quantize symmetrically to -127..=127 with an f32 scale `d = amax / 127`
-//! and round half to even, so every ISA's quantizer produces the same bytes.
+//! The integer formats quantize each block in two parts. The high part is the usual symmetric
+//! 8-bit quantization: `hi = round(x / d_hi)` with `d_hi = amax(x) / 127`. The low part
+//! quantizes what the high part leaves, `r = x - d_hi * hi`, the same way: `lo = round(r / d_lo)`
+//! with `d_lo = amax(r) / 127`. An element is `d_hi * hi + d_lo * lo`, within `d_lo / 2` of `x`
+//! (about `amax / 64516`, where one part alone is within `amax / 254`): a dot product then
+//! carries the weights' rounding, not the activations'. The kernels unpack each weight block
+//! once and multiply it with both parts. A part whose largest magnitude is below
+//! `127 * f32::MIN_POSITIVE` (about 1.5e-36) is quantized to zero.
+//!
+//! Every quantizer computes the scales with [`scale_of`], rounds half to even and takes the
+//! residual as an `f32` multiply then subtract (no fused multiply-add), so every ISA's quantizer
+//! produces the same bytes.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 
-use crate::bytes::f32_at;
+use crate::bytes::{f32_at, i16_at};
 use crate::isa::Isa;
 
 /// How the activations of a matmul are quantized for a weight format.
 ///
 /// A row of `n` activations takes [`row_bytes(n)`](Self::row_bytes) bytes, made of
-/// `n / block_len()` blocks of [`block_bytes()`](Self::block_bytes) each:
+/// `n / block_len()` blocks of [`block_bytes()`](Self::block_bytes) each (the module
+/// documentation of the crate's `activation` module describes the two parts):
 ///
 /// - `F32`: each element as a little-endian `f32`.
-/// - `Q8Block32`: 32 elements as `i8` values `q`, then the scale `d` (`f32`), then `d * sum(q)`
-///   (`f32`); element `i` is `d * q[i]`. The sum lets formats with an offset or a minimum fold it
-///   in once per block.
-/// - `Q8Block256`: 256 `i8` values, then 16 sums of 16 consecutive values (`i16`), then the scale
-///   (`f32`).
+/// - `SplitQ8Block32` (76 bytes): the 32 high values (`i8`), the 32 low values (`i8`), `d_hi`
+///   (`f32`), `d_lo` (`f32`), then `d_hi * sum(hi) + d_lo * sum(lo)` (`f32`); element `i` is
+///   `d_hi * hi[i] + d_lo * lo[i]`. The sum lets formats with an offset or a minimum fold it in
+///   once per block.
+/// - `SplitQ8Block256` (584 bytes): the 256 high values, the 256 low values, the 16 sums of 16
+///   consecutive high values (`i16`), the 16 sums of 16 low values, `d_hi`, then `d_lo`.
+///
+/// All multi-byte fields are little-endian.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActivationFormat {
     /// Plain `f32`, for float weights.
     F32,
-    /// 32-element `i8` blocks with a scale and a sum, for the legacy block formats.
-    Q8Block32,
-    /// 256-element `i8` blocks with 16-element sums, for the K-quants and IQ4_XS.
-    Q8Block256,
+    /// 32-element blocks in two `i8` parts with their scales and a sum, for the legacy block
+    /// formats.
+    SplitQ8Block32,
+    /// 256-element blocks in two `i8` parts with their scales and 16-element sums, for the
+    /// K-quants and IQ4_XS.
+    SplitQ8Block256,
 }
 
-/// Byte layout of a [`ActivationFormat::Q8Block32`] block.
-pub(crate) mod q8_32 {
-    /// Bytes in one block.
-    pub(crate) const BYTES: usize = 40;
-    /// Offset of the scale.
-    pub(crate) const D: usize = 32;
-    /// Offset of `d * sum(q)`.
-    pub(crate) const SUM: usize = 36;
+/// Where one part of a [`ActivationFormat::SplitQ8Block32`] block lies.
+#[derive(Clone, Copy)]
+pub(crate) struct Part32 {
+    /// Offset of the 32 `i8` values.
+    pub(crate) values: usize,
+    /// Offset of the `f32` scale.
+    pub(crate) d: usize,
 }
 
-/// Byte layout of a [`ActivationFormat::Q8Block256`] block.
-pub(crate) mod q8_256 {
+/// Byte layout of a [`ActivationFormat::SplitQ8Block32`] block.
+pub(crate) mod split32 {
+    use super::Part32;
+
     /// Bytes in one block.
-    pub(crate) const BYTES: usize = 292;
-    /// Offset of the 16 sums of 16 values.
-    pub(crate) const BSUMS: usize = 256;
-    /// Offset of the scale.
-    pub(crate) const D: usize = 288;
+    pub(crate) const BYTES: usize = 76;
+    /// The high part, then the low part.
+    pub(crate) const PARTS: [Part32; 2] =
+        [Part32 { values: 0, d: 64 }, Part32 { values: 32, d: 68 }];
+    /// Offset of `d_hi * sum(hi) + d_lo * sum(lo)`.
+    pub(crate) const SUM: usize = 72;
+}
+
+/// Where one part of a [`ActivationFormat::SplitQ8Block256`] block lies.
+#[derive(Clone, Copy)]
+pub(crate) struct Part256 {
+    /// Offset of the 256 `i8` values.
+    pub(crate) values: usize,
+    /// Offset of the 16 `i16` sums of 16 values.
+    pub(crate) sums: usize,
+    /// Offset of the `f32` scale.
+    pub(crate) d: usize,
+}
+
+/// Byte layout of a [`ActivationFormat::SplitQ8Block256`] block.
+pub(crate) mod split256 {
+    use super::Part256;
+
+    /// Bytes in one block.
+    pub(crate) const BYTES: usize = 584;
+    /// The high part, then the low part.
+    pub(crate) const PARTS: [Part256; 2] = [
+        Part256 {
+            values: 0,
+            sums: 512,
+            d: 576,
+        },
+        Part256 {
+            values: 256,
+            sums: 544,
+            d: 580,
+        },
+    ];
 }
 
 /// Quantizes one row; the caller has checked the lengths and that the CPU has the ISA the
@@ -59,8 +109,8 @@ impl ActivationFormat {
     pub fn block_len(self) -> usize {
         match self {
             ActivationFormat::F32 => 1,
-            ActivationFormat::Q8Block32 => 32,
-            ActivationFormat::Q8Block256 => 256,
+            ActivationFormat::SplitQ8Block32 => 32,
+            ActivationFormat::SplitQ8Block256 => 256,
         }
     }
 
@@ -68,8 +118,8 @@ impl ActivationFormat {
     pub fn block_bytes(self) -> usize {
         match self {
             ActivationFormat::F32 => 4,
-            ActivationFormat::Q8Block32 => q8_32::BYTES,
-            ActivationFormat::Q8Block256 => q8_256::BYTES,
+            ActivationFormat::SplitQ8Block32 => split32::BYTES,
+            ActivationFormat::SplitQ8Block256 => split256::BYTES,
         }
     }
 
@@ -85,7 +135,8 @@ impl ActivationFormat {
         n / self.block_len() * self.block_bytes()
     }
 
-    /// Turns a quantized row back into `f32`, for tests and debugging.
+    /// Turns a quantized row back into `f32` (`d_hi * hi + d_lo * lo` for the split formats,
+    /// rounded once more to `f32`), for tests and debugging.
     ///
     /// # Panics
     /// When `src` is not [`row_bytes(dst.len())`](Self::row_bytes) long.
@@ -101,23 +152,13 @@ impl ActivationFormat {
                     *y = f32::from_le_bytes(*bytes);
                 }
             }
-            ActivationFormat::Q8Block32 => {
-                let blocks = src.as_chunks::<{ q8_32::BYTES }>().0;
-                for (y, block) in dst.chunks_exact_mut(32).zip(blocks) {
-                    let d = f32_at(block, q8_32::D);
-                    for (y, &q) in y.iter_mut().zip(&block[..32]) {
-                        *y = d * f32::from(q as i8);
-                    }
-                }
+            ActivationFormat::SplitQ8Block32 => {
+                let [hi, lo] = split32::PARTS.map(|part| (part.values, part.d));
+                dequantize_split(src, dst, split32::BYTES, 32, hi, lo);
             }
-            ActivationFormat::Q8Block256 => {
-                let blocks = src.as_chunks::<{ q8_256::BYTES }>().0;
-                for (y, block) in dst.chunks_exact_mut(256).zip(blocks) {
-                    let d = f32_at(block, q8_256::D);
-                    for (y, &q) in y.iter_mut().zip(&block[..256]) {
-                        *y = d * f32::from(q as i8);
-                    }
-                }
+            ActivationFormat::SplitQ8Block256 => {
+                let [hi, lo] = split256::PARTS.map(|part| (part.values, part.d));
+                dequantize_split(src, dst, split256::BYTES, 256, hi, lo);
             }
         }
     }
@@ -127,22 +168,53 @@ impl ActivationFormat {
         match (self, isa) {
             (ActivationFormat::F32, _) => quantize_f32,
             #[cfg(target_arch = "x86_64")]
-            (ActivationFormat::Q8Block32, Isa::Avx2 | Isa::Avx512) => avx2::quantize_q8_32,
+            (ActivationFormat::SplitQ8Block32, Isa::Avx2 | Isa::Avx512) => avx2::quantize_split32,
             #[cfg(target_arch = "x86_64")]
-            (ActivationFormat::Q8Block256, Isa::Avx2 | Isa::Avx512) => avx2::quantize_q8_256,
-            (ActivationFormat::Q8Block32, _) => quantize_q8_32,
-            (ActivationFormat::Q8Block256, _) => quantize_q8_256,
+            (ActivationFormat::SplitQ8Block256, Isa::Avx2 | Isa::Avx512) => avx2::quantize_split256,
+            (ActivationFormat::SplitQ8Block32, _) => quantize_split32,
+            (ActivationFormat::SplitQ8Block256, _) => quantize_split256,
         }
     }
 }
 
-/// The scale of a block whose largest magnitude is `amax`, and its reciprocal (0 for an all-zero
-/// block). Every quantizer calls this, so that all produce the same bytes.
+/// Dequantizes blocks of `len` elements and `bytes` bytes whose two parts lie at the
+/// `(values, d)` offsets `hi` and `lo`.
+fn dequantize_split(
+    src: &[u8],
+    dst: &mut [f32],
+    bytes: usize,
+    len: usize,
+    hi: (usize, usize),
+    lo: (usize, usize),
+) {
+    for (y, block) in dst.chunks_exact_mut(len).zip(src.chunks_exact(bytes)) {
+        let (d_hi, d_lo) = (f32_at(block, hi.1), f32_at(block, lo.1));
+        let parts = block[hi.0..hi.0 + len].iter().zip(&block[lo.0..lo.0 + len]);
+        for (y, (&hi, &lo)) in y.iter_mut().zip(parts) {
+            *y = d_hi * f32::from(hi as i8) + d_lo * f32::from(lo as i8);
+        }
+    }
+}
+
+/// The 16 sums of 16 values of one part of a [`ActivationFormat::SplitQ8Block256`] block.
+pub(crate) fn sums_of_16(block: &[u8], part: Part256) -> [i32; 16] {
+    std::array::from_fn(|i| i32::from(i16_at(block, part.sums + 2 * i)))
+}
+
+/// Blocks (or residuals) whose largest magnitude is below this quantize to zero: their scale
+/// would be subnormal, and below about `127 / f32::MAX` its reciprocal would overflow.
+const SMALLEST_AMAX: f32 = 127.0 * f32::MIN_POSITIVE;
+
+/// The scale of a block whose largest magnitude is `amax`, and its reciprocal (both 0 for a
+/// block below [`SMALLEST_AMAX`]). Every quantizer calls this, so that all produce the same
+/// bytes.
 #[inline]
 pub(crate) fn scale_of(amax: f32) -> (f32, f32) {
-    let d = amax / 127.0;
-    let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-    (d, inverse)
+    if amax >= SMALLEST_AMAX {
+        (amax / 127.0, 127.0 / amax)
+    } else {
+        (0.0, 0.0)
+    }
 }
 
 fn quantize_f32(x: &[f32], dst: &mut [u8]) {
@@ -151,42 +223,74 @@ fn quantize_f32(x: &[f32], dst: &mut [u8]) {
     }
 }
 
-/// Quantizes `x` to `i8` in `q` with the block's scale, returning the sum of the values.
-fn quantize_values(x: &[f32], inverse: f32, q: &mut [u8]) -> i32 {
-    let mut sum = 0;
-    for (q, &v) in q.iter_mut().zip(x) {
-        let value = (v * inverse).round_ties_even() as i8;
-        *q = value as u8;
-        sum += i32::from(value);
-    }
-    sum
-}
-
 fn amax(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
-fn quantize_q8_32(x: &[f32], dst: &mut [u8]) {
-    let blocks = dst.as_chunks_mut::<{ q8_32::BYTES }>().0;
-    for (x, block) in x.chunks_exact(32).zip(blocks) {
-        let (d, inverse) = scale_of(amax(x));
-        let sum = quantize_values(x, inverse, &mut block[..32]);
-        block[q8_32::D..q8_32::D + 4].copy_from_slice(&d.to_le_bytes());
-        block[q8_32::SUM..q8_32::SUM + 4].copy_from_slice(&(d * sum as f32).to_le_bytes());
+/// One block of `N` elements quantized in two parts, in `i8` values (as bytes).
+struct Split<const N: usize> {
+    hi: [u8; N],
+    lo: [u8; N],
+    d_hi: f32,
+    d_lo: f32,
+}
+
+/// Quantizes `x` to `i8` with the reciprocal scale `inverse`.
+fn quantize_part<const N: usize>(x: &[f32; N], inverse: f32) -> [u8; N] {
+    x.map(|v| (v * inverse).round_ties_even() as i8 as u8)
+}
+
+fn split<const N: usize>(x: &[f32; N]) -> Split<N> {
+    let (d_hi, inverse) = scale_of(amax(x));
+    let hi = quantize_part(x, inverse);
+    let residual: [f32; N] = std::array::from_fn(|i| x[i] - d_hi * f32::from(hi[i] as i8));
+    let (d_lo, inverse) = scale_of(amax(&residual));
+    let lo = quantize_part(&residual, inverse);
+    Split { hi, lo, d_hi, d_lo }
+}
+
+fn sum(values: &[u8]) -> i32 {
+    values.iter().map(|&v| i32::from(v as i8)).sum()
+}
+
+/// `d_hi * sum(hi) + d_lo * sum(lo)`, as every quantizer computes it.
+#[inline]
+pub(crate) fn block_sum(d_hi: f32, sum_hi: i32, d_lo: f32, sum_lo: i32) -> f32 {
+    d_hi * sum_hi as f32 + d_lo * sum_lo as f32
+}
+
+fn quantize_split32(x: &[f32], dst: &mut [u8]) {
+    let blocks = dst.as_chunks_mut::<{ split32::BYTES }>().0;
+    for (x, block) in x.as_chunks::<32>().0.iter().zip(blocks) {
+        let Split { hi, lo, d_hi, d_lo } = split(x);
+        let [hi_at, lo_at] = split32::PARTS;
+        for (part, values, d) in [(hi_at, &hi, d_hi), (lo_at, &lo, d_lo)] {
+            block[part.values..part.values + 32].copy_from_slice(values);
+            block[part.d..part.d + 4].copy_from_slice(&d.to_le_bytes());
+        }
+        let sum = block_sum(d_hi, sum(&hi), d_lo, sum(&lo));
+        block[split32::SUM..split32::SUM + 4].copy_from_slice(&sum.to_le_bytes());
     }
 }
 
-fn quantize_q8_256(x: &[f32], dst: &mut [u8]) {
-    let blocks = dst.as_chunks_mut::<{ q8_256::BYTES }>().0;
-    for (x, block) in x.chunks_exact(256).zip(blocks) {
-        let (d, inverse) = scale_of(amax(x));
-        let (values, rest) = block.split_at_mut(256);
-        let (bsums, scale) = rest.split_at_mut(32);
-        let groups = x.chunks_exact(16).zip(values.chunks_exact_mut(16));
-        for ((x, q), bsum) in groups.zip(bsums.as_chunks_mut::<2>().0) {
-            // 16 values of at most 127 in magnitude: the sum fits an i16.
-            *bsum = (quantize_values(x, inverse, q) as i16).to_le_bytes();
+fn quantize_split256(x: &[f32], dst: &mut [u8]) {
+    let blocks = dst.as_chunks_mut::<{ split256::BYTES }>().0;
+    for (x, block) in x.as_chunks::<256>().0.iter().zip(blocks) {
+        let Split { hi, lo, d_hi, d_lo } = split(x);
+        let [hi_at, lo_at] = split256::PARTS;
+        for (part, values, d) in [(hi_at, &hi, d_hi), (lo_at, &lo, d_lo)] {
+            block[part.values..part.values + 256].copy_from_slice(values);
+            let sums = &mut block[part.sums..part.sums + 32];
+            for (sum_bytes, group) in sums
+                .as_chunks_mut::<2>()
+                .0
+                .iter_mut()
+                .zip(values.chunks(16))
+            {
+                // 16 values of at most 127 in magnitude: the sum fits an i16.
+                *sum_bytes = (sum(group) as i16).to_le_bytes();
+            }
+            block[part.d..part.d + 4].copy_from_slice(&d.to_le_bytes());
         }
-        scale.copy_from_slice(&d.to_le_bytes());
     }
 }

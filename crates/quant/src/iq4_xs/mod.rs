@@ -1,6 +1,6 @@
 //! IQ4_XS: 256-element super-blocks of eight 32-element sub-blocks whose 4-bit indices pick
 //! values from a fixed non-linear table. Its dot product takes
-//! [`ActivationFormat::Q8Block256`] activations.
+//! [`ActivationFormat::SplitQ8Block256`] activations.
 //!
 //! A block (136 bytes) is `d` (`f16`), the high 2 bits of the eight 6-bit sub-block scales
 //! (`u16`), their low 4 bits (4 bytes), then 16 bytes of indices per sub-block: the low nibbles
@@ -12,7 +12,7 @@ mod avx2;
 
 use lucebox_gguf::GgmlType;
 
-use crate::activation::{ActivationFormat, q8_256};
+use crate::activation::{ActivationFormat, split256};
 use crate::bytes::{f16_at, f32_at, u16_at};
 #[cfg(target_arch = "x86_64")]
 use crate::format::DotFn;
@@ -49,7 +49,7 @@ pub(crate) struct Iq4Xs;
 
 impl Format for Iq4Xs {
     const TYPE: GgmlType = GgmlType::Iq4Xs;
-    const ACTIVATION: ActivationFormat = ActivationFormat::Q8Block256;
+    const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Block256;
     fn dequantize(src: &[u8], dst: &mut [f32]) {
         for (block, y) in src.chunks_exact(BYTES).zip(dst.chunks_exact_mut(256)) {
             let d = f16_at(block, 0);
@@ -65,16 +65,19 @@ impl Format for Iq4Xs {
     }
     fn dot(weight: &[u8], activation: &[u8]) -> f32 {
         let mut sum = 0.0;
-        let activations = activation.chunks_exact(q8_256::BYTES);
+        let activations = activation.chunks_exact(split256::BYTES);
         for (block, a) in weight.chunks_exact(BYTES).zip(activations) {
             let values = values(block);
-            let mut products = 0;
-            for (s, &scale) in scales(block).iter().enumerate() {
-                let sub = values[32 * s..32 * s + 32].iter().zip(&a[32 * s..]);
-                let sub: i32 = sub.map(|(&w, &x)| i32::from(w) * i32::from(x as i8)).sum();
-                products += i32::from(scale) * sub;
+            for part in split256::PARTS {
+                let x = &a[part.values..part.values + 256];
+                let mut products = 0;
+                for (s, &scale) in scales(block).iter().enumerate() {
+                    let sub = values[32 * s..32 * s + 32].iter().zip(&x[32 * s..]);
+                    let sub: i32 = sub.map(|(&w, &x)| i32::from(w) * i32::from(x as i8)).sum();
+                    products += i32::from(scale) * sub;
+                }
+                sum += f16_at(block, 0) * f32_at(a, part.d) * products as f32;
             }
-            sum += f16_at(block, 0) * f32_at(a, q8_256::D) * products as f32;
         }
         sum
     }

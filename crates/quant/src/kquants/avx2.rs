@@ -1,12 +1,14 @@
-//! AVX2 dot products of the K-quants with Q8Block256 activations.
+//! AVX2 dot products of the K-quants with SplitQ8Block256 activations.
 //!
 //! Values are unsigned (Q6_K's offset of 32 is folded in through the activation sums), so
 //! `maddubs` multiplies them with the activations directly, and `madd` then applies the
-//! sub-block scales while widening to `i32`.
+//! sub-block scales while widening to `i32`. Each weight block is unpacked once and multiplied
+//! with both parts of each activation row, into one `i32` sum per part; the parts' scales are
+//! applied in `f32` at the end of the block.
 
 use std::arch::x86_64::*;
 
-use crate::activation::q8_256;
+use crate::activation::split256;
 use crate::bytes::f32_at;
 use crate::simd::{array, f16_at, load128, load256, prefetch_ahead, store256, sum_f32x8};
 
@@ -75,8 +77,8 @@ fn scale_and_min_pairs(block: &[u8]) -> (__m256i, __m256i) {
 /// A first pass over a batch of blocks unpacks their scales into a buffer and takes the
 /// minimums' share; the second takes the products, broadcasting each scale from the buffer with
 /// a load. Broadcasting it from a register instead would take one or two shuffles per sub-block,
-/// and the shuffle unit is what limits this kernel. With several activation rows, the weights
-/// are unpacked once for all of them.
+/// and the shuffle unit is what limits this kernel. The weights are unpacked once for both parts
+/// of all the activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
@@ -85,7 +87,7 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
     fifth_bits: impl Fn(&[u8; BYTES]) -> [__m256i; 8],
 ) -> [f32; R] {
     let weights = weight.as_chunks::<BYTES>().0;
-    let rows = activations.map(|a| a.as_chunks::<{ q8_256::BYTES }>().0);
+    let rows = activations.map(|a| a.as_chunks::<{ split256::BYTES }>().0);
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); R];
     for (batch, weights) in weights.chunks(BATCH).enumerate() {
@@ -97,38 +99,45 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
             let dmin = _mm256_set1_ps(-f16_at(w, 2));
             for (acc, row) in acc.iter_mut().zip(&rows) {
                 let a = &row[first + i];
-                let mins = _mm256_madd_epi16(load256(array(a, q8_256::BSUMS)), min_pairs);
-                let min_scale = _mm256_mul_ps(dmin, _mm256_set1_ps(f32_at(a, q8_256::D)));
-                *acc = _mm256_fmadd_ps(min_scale, _mm256_cvtepi32_ps(mins), *acc);
+                for part in split256::PARTS {
+                    let mins = _mm256_madd_epi16(load256(array(a, part.sums)), min_pairs);
+                    let min_scale = _mm256_mul_ps(dmin, _mm256_set1_ps(f32_at(a, part.d)));
+                    *acc = _mm256_fmadd_ps(min_scale, _mm256_cvtepi32_ps(mins), *acc);
+                }
             }
         }
         for ((i, w), scales) in weights.iter().enumerate().zip(&scales) {
             prefetch_ahead(w);
             let scale = |s: usize| _mm256_set1_epi32(i32::from_le_bytes(*array(scales, 4 * s)));
             let high = fifth_bits(w);
-            let mut sums = [_mm256_setzero_si256(); R];
+            let mut sums = [[_mm256_setzero_si256(); 2]; R];
             for j in 0..4 {
                 let packed = load256(array(w, NIBBLES + 32 * j));
                 let q_low = _mm256_and_si256(packed, low_nibbles);
                 let q_high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
                 let q_low = _mm256_or_si256(q_low, high[2 * j]);
                 let q_high = _mm256_or_si256(q_high, high[2 * j + 1]);
-                for (sum, row) in sums.iter_mut().zip(&rows) {
+                for (sums, row) in sums.iter_mut().zip(&rows) {
                     let x = &row[first + i];
-                    // Unsigned values below 32 times |x| <= 127, in pairs: no i16 overflow.
-                    let low = _mm256_maddubs_epi16(q_low, load256(array(x, 64 * j)));
-                    let high = _mm256_maddubs_epi16(q_high, load256(array(x, 64 * j + 32)));
-                    let pair = _mm256_add_epi32(
-                        _mm256_madd_epi16(scale(2 * j), low),
-                        _mm256_madd_epi16(scale(2 * j + 1), high),
-                    );
-                    *sum = _mm256_add_epi32(*sum, pair);
+                    for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                        let at = part.values + 64 * j;
+                        // Unsigned values below 32 times |x| <= 127, in pairs: no i16 overflow.
+                        let low = _mm256_maddubs_epi16(q_low, load256(array(x, at)));
+                        let high = _mm256_maddubs_epi16(q_high, load256(array(x, at + 32)));
+                        let pair = _mm256_add_epi32(
+                            _mm256_madd_epi16(scale(2 * j), low),
+                            _mm256_madd_epi16(scale(2 * j + 1), high),
+                        );
+                        *sum = _mm256_add_epi32(*sum, pair);
+                    }
                 }
             }
             let d = _mm256_set1_ps(f16_at(w, 0));
-            for ((acc, sum), row) in acc.iter_mut().zip(sums).zip(&rows) {
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[first + i], q8_256::D)));
-                *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+            for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
+                for (sum, part) in sums.into_iter().zip(split256::PARTS) {
+                    let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[first + i], part.d)));
+                    *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+                }
             }
         }
     }
@@ -197,12 +206,12 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
     dot_q6_k_rows::<1>(weight, [activation])[0]
 }
 
-/// Q6_K with `R` activation rows, the weights unpacked once for all of them.
+/// Q6_K with `R` activation rows, the weights unpacked once for both parts of all of them.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
     let weights = weight.as_chunks::<210>().0;
-    let rows = activations.map(|a| a.as_chunks::<{ q8_256::BYTES }>().0);
+    let rows = activations.map(|a| a.as_chunks::<{ split256::BYTES }>().0);
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); R];
     // Hidden from the optimiser, which would otherwise turn each one-instruction shuffle by a
@@ -211,11 +220,13 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
     for (i, w) in weights.iter().enumerate() {
         prefetch_ahead(w);
         let scales_i8 = _mm256_cvtepi8_epi16(load128(array(w, 192)));
-        // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
-        let mut sums = [_mm256_setzero_si256(); R];
-        for (sum, row) in sums.iter_mut().zip(&rows) {
-            let offset = _mm256_madd_epi16(load256(array(&row[i], q8_256::BSUMS)), scales_i8);
-            *sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+        // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g), per part.
+        let mut sums = [[_mm256_setzero_si256(); 2]; R];
+        for (sums, row) in sums.iter_mut().zip(&rows) {
+            for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                let offset = _mm256_madd_epi16(load256(array(&row[i], part.sums)), scales_i8);
+                *sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
+            }
         }
         // Scales 0..8 and 8..16 as i16, each set repeated in both lanes.
         let scale_halves = [192, 200]
@@ -244,18 +255,22 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
             ];
             for (k, q) in q.into_iter().enumerate() {
                 let scale = _mm256_shuffle_epi8(scales, load256(&pair_masks[k]));
-                for (sum, row) in sums.iter_mut().zip(&rows) {
-                    let x = load256(array(&row[i], 128 * half + 32 * k));
-                    // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
-                    let products = _mm256_maddubs_epi16(q, x);
-                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(scale, products));
+                for (sums, row) in sums.iter_mut().zip(&rows) {
+                    for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                        let x = load256(array(&row[i], part.values + 128 * half + 32 * k));
+                        // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
+                        let products = _mm256_maddubs_epi16(q, x);
+                        *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(scale, products));
+                    }
                 }
             }
         }
         let d = _mm256_set1_ps(f16_at(w, 208));
-        for ((acc, sum), row) in acc.iter_mut().zip(sums).zip(&rows) {
-            let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[i], q8_256::D)));
-            *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+        for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
+            for (sum, part) in sums.into_iter().zip(split256::PARTS) {
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[i], part.d)));
+                *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+            }
         }
     }
     acc.map(|acc| sum_f32x8(acc))

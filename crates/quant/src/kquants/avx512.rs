@@ -1,6 +1,7 @@
-//! AVX-512 dot product of Q6_K with Q8Block256 activations: its bit assembly, which costs more
-//! than its multiplications, works on 512 bits with `vpternlog` and per-lane shifts, and VNNI's
-//! `vpdpwssd` applies the scales.
+//! AVX-512 dot product of Q6_K with SplitQ8Block256 activations: its bit assembly, which costs
+//! more than its multiplications, works on 512 bits with `vpternlog` and per-lane shifts, and
+//! VNNI's `vpdpwssd` applies the scales. Each weight block is unpacked once for both parts of the
+//! activations.
 //!
 //! Q4_K and Q5_K keep their AVX2 kernels: measured, a VNNI version (which LLVM splits back into
 //! `vpmaddwd` and `vpaddd`) ran no faster, and on 512 bits their multiplications get one port
@@ -9,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{dot_with_mins, q5_k_fifth_bits};
-use crate::activation::q8_256;
+use crate::activation::split256;
 use crate::bytes::f32_at;
 use crate::simd::{array, f16_at, load128, load256, load512, prefetch_ahead, sum_f32x8};
 
@@ -43,12 +44,12 @@ pub(super) fn dot4_q6_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
     dot_q6_k_rows::<4>(weight, activations)
 }
 
-/// Q6_K with `R` activation rows, the weights unpacked once for all of them.
+/// Q6_K with `R` activation rows, the weights unpacked once for both parts of all of them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
     let weights = weight.as_chunks::<210>().0;
-    let rows = activations.map(|a| a.as_chunks::<{ q8_256::BYTES }>().0);
+    let rows = activations.map(|a| a.as_chunks::<{ split256::BYTES }>().0);
     let bits_4_5 = _mm512_set1_epi8(0x30);
     // Per 256-bit half: where the high bits of the first and of the second 32 values sit.
     let to_bit_4_first = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
@@ -69,7 +70,8 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
     for (i, w) in weights.iter().enumerate() {
         prefetch_ahead(w);
         let scales = _mm256_cvtepi8_epi16(load128(array(w, 192)));
-        // One accumulator per row and half: VNNI's multiply-adds take 5 cycles each.
+        // One accumulator per row and part: two chains of VNNI's multiply-adds, which take 5
+        // cycles each, per row.
         let mut sums = [[_mm512_setzero_si512(); 2]; R];
         let wide_scales = _mm512_castsi256_si512(scales);
         for half in 0..2 {
@@ -87,25 +89,29 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
             for (k, q) in [(2 * half, first), (2 * half + 1, second)] {
                 let scale = _mm512_permutexvar_epi16(group_of_lane[k], wide_scales);
                 for (sums, row) in sums.iter_mut().zip(&rows) {
-                    // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
-                    let products = _mm512_maddubs_epi16(q, load512(array(&row[i], 64 * k)));
-                    sums[half] = _mm512_dpwssd_epi32(sums[half], products, scale);
+                    for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                        let x = load512(array(&row[i], part.values + 64 * k));
+                        // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
+                        let products = _mm512_maddubs_epi16(q, x);
+                        *sum = _mm512_dpwssd_epi32(*sum, products, scale);
+                    }
                 }
             }
         }
         let d = _mm256_set1_ps(f16_at(w, 208));
         for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
             let a = &row[i];
-            // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
-            let offset = _mm256_madd_epi16(load256(array(a, q8_256::BSUMS)), scales);
-            let sum = _mm512_add_epi32(sums[0], sums[1]);
-            let sum = _mm256_add_epi32(
-                _mm512_castsi512_si256(sum),
-                _mm512_extracti64x4_epi64(sum, 1),
-            );
-            let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5));
-            let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(a, q8_256::D)));
-            *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+            for (sum, part) in sums.into_iter().zip(split256::PARTS) {
+                // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
+                let offset = _mm256_madd_epi16(load256(array(a, part.sums)), scales);
+                let sum = _mm256_add_epi32(
+                    _mm512_castsi512_si256(sum),
+                    _mm512_extracti64x4_epi64(sum, 1),
+                );
+                let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5));
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(a, part.d)));
+                *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+            }
         }
     }
     acc.map(|acc| sum_f32x8(acc))

@@ -1,5 +1,5 @@
 //! The K-quants Q4_K, Q5_K and Q6_K: 256-element super-blocks of sub-blocks that each have a
-//! quantized scale. Their dot products take [`ActivationFormat::Q8Block256`] activations.
+//! quantized scale. Their dot products take [`ActivationFormat::SplitQ8Block256`] activations.
 //!
 //! - Q4_K (144 bytes): `d`, `dmin` (`f16`), 12 bytes packing eight 6-bit scales and eight 6-bit
 //!   minimums, 128 bytes of nibbles. Sub-block `s` of 32 is `d * scale[s] * q - dmin * min[s]`;
@@ -16,8 +16,8 @@ mod avx512;
 
 use lucebox_gguf::GgmlType;
 
-use crate::activation::{ActivationFormat, q8_256};
-use crate::bytes::{f16_at, f32_at, i16_at};
+use crate::activation::{ActivationFormat, split256, sums_of_16};
+use crate::bytes::{f16_at, f32_at};
 use crate::format::Format;
 #[cfg(target_arch = "x86_64")]
 use crate::format::{Dot4Fn, DotFn};
@@ -92,11 +92,6 @@ fn dequantize_with_mins(src: &[u8], dst: &mut [f32], bytes: usize, unpack: fn(&[
     }
 }
 
-/// The 16 sums of 16 activations of a Q8Block256 block.
-fn bsums(block: &[u8]) -> [i32; 16] {
-    std::array::from_fn(|i| i32::from(i16_at(block, q8_256::BSUMS + 2 * i)))
-}
-
 fn dot_with_mins(
     weight: &[u8],
     activation: &[u8],
@@ -104,20 +99,23 @@ fn dot_with_mins(
     unpack: fn(&[u8]) -> Unpacked,
 ) -> f32 {
     let mut sum = 0.0;
-    let activations = activation.chunks_exact(q8_256::BYTES);
+    let activations = activation.chunks_exact(split256::BYTES);
     for (block, a) in weight.chunks_exact(bytes).zip(activations) {
         let b = unpack(block);
-        let bsums = bsums(a);
-        let mut products = 0;
-        let mut mins = 0;
-        for s in 0..8 {
-            let sub = b.values[32 * s..32 * s + 32].iter().zip(&a[32 * s..]);
-            let sub_products: i32 = sub.map(|(&w, &x)| i32::from(w) * i32::from(x as i8)).sum();
-            products += i32::from(b.scales[s]) * sub_products;
-            mins += i32::from(b.mins[s]) * (bsums[2 * s] + bsums[2 * s + 1]);
+        for part in split256::PARTS {
+            let x = &a[part.values..part.values + 256];
+            let sums = sums_of_16(a, part);
+            let mut products = 0;
+            let mut mins = 0;
+            for s in 0..8 {
+                let sub = b.values[32 * s..32 * s + 32].iter().zip(&x[32 * s..]);
+                let sub: i32 = sub.map(|(&w, &x)| i32::from(w) * i32::from(x as i8)).sum();
+                products += i32::from(b.scales[s]) * sub;
+                mins += i32::from(b.mins[s]) * (sums[2 * s] + sums[2 * s + 1]);
+            }
+            let d = f32_at(a, part.d);
+            sum += b.d * d * products as f32 - b.dmin * d * mins as f32;
         }
-        let d = f32_at(a, q8_256::D);
-        sum += b.d * d * products as f32 - b.dmin * d * mins as f32;
     }
     sum
 }
@@ -142,7 +140,7 @@ pub(crate) struct Q4K;
 
 impl Format for Q4K {
     const TYPE: GgmlType = GgmlType::Q4K;
-    const ACTIVATION: ActivationFormat = ActivationFormat::Q8Block256;
+    const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Block256;
     fn dequantize(src: &[u8], dst: &mut [f32]) {
         dequantize_with_mins(src, dst, 144, unpack_q4_k);
     }
@@ -162,7 +160,7 @@ pub(crate) struct Q5K;
 
 impl Format for Q5K {
     const TYPE: GgmlType = GgmlType::Q5K;
-    const ACTIVATION: ActivationFormat = ActivationFormat::Q8Block256;
+    const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Block256;
     fn dequantize(src: &[u8], dst: &mut [f32]) {
         dequantize_with_mins(src, dst, 176, unpack_q5_k);
     }
@@ -182,7 +180,7 @@ pub(crate) struct Q6K;
 
 impl Format for Q6K {
     const TYPE: GgmlType = GgmlType::Q6K;
-    const ACTIVATION: ActivationFormat = ActivationFormat::Q8Block256;
+    const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Block256;
     fn dequantize(src: &[u8], dst: &mut [f32]) {
         for (block, y) in src.chunks_exact(210).zip(dst.chunks_exact_mut(256)) {
             let d = f16_at(block, 208);
@@ -202,19 +200,22 @@ impl Format for Q6K {
     }
     fn dot(weight: &[u8], activation: &[u8]) -> f32 {
         let mut sum = 0.0;
-        let activations = activation.chunks_exact(q8_256::BYTES);
+        let activations = activation.chunks_exact(split256::BYTES);
         for (block, a) in weight.chunks_exact(210).zip(activations) {
             let values = q6_k_values(block);
             let scales = q6_k_scales(block);
-            let mut products = 0;
-            for (g, &scale) in scales.iter().enumerate() {
-                let group = values[16 * g..16 * g + 16].iter().zip(&a[16 * g..]);
-                let group: i32 = group
-                    .map(|(&w, &x)| i32::from(w) * i32::from(x as i8))
-                    .sum();
-                products += i32::from(scale) * group;
+            for part in split256::PARTS {
+                let x = &a[part.values..part.values + 256];
+                let mut products = 0;
+                for (g, &scale) in scales.iter().enumerate() {
+                    let group = values[16 * g..16 * g + 16].iter().zip(&x[16 * g..]);
+                    let group: i32 = group
+                        .map(|(&w, &x)| i32::from(w) * i32::from(x as i8))
+                        .sum();
+                    products += i32::from(scale) * group;
+                }
+                sum += f16_at(block, 208) * f32_at(a, part.d) * products as f32;
             }
-            sum += f16_at(block, 208) * f32_at(a, q8_256::D) * products as f32;
         }
         sum
     }

@@ -1,15 +1,17 @@
-//! AVX2 dot products of the legacy formats with Q8Block32 activations.
+//! AVX2 dot products of the legacy formats with SplitQ8Block32 activations.
 //!
 //! Blocks go in groups of eight. For a group, the scales of weights and activations are gathered
 //! into vectors (one lane per block) and multiplied once, and the offset or minimum of each weight
-//! block is folded in with the activation block's sum: `d * q . x + bias * sum(x)`, for all eight
-//! blocks in one multiply-add. Each block then only multiplies its values and adds them, scaled
-//! by its lane of the group's scales. The 4- and 5-bit formats multiply their unsigned values
-//! directly: `maddubs` takes one unsigned and one signed operand.
+//! block is folded in with the activation block's sum:
+//! `d * (d_hi * q . hi + d_lo * q . lo) + bias * sum(x)`, for all eight blocks in a few
+//! multiply-adds. Each block then only unpacks its values once, multiplies them with both parts
+//! of its activations and adds them, scaled by its lanes of the group's scales. The 4- and 5-bit
+//! formats multiply their unsigned values directly: `maddubs` takes one unsigned and one signed
+//! operand.
 
 use std::arch::x86_64::*;
 
-use crate::activation::q8_32;
+use crate::activation::split32;
 use crate::simd::{array, load128, load256, sum_i16_pairs};
 
 /// Blocks whose scales are gathered together.
@@ -51,22 +53,22 @@ fn weight_scales<const BYTES: usize>(
     (d, bias)
 }
 
-/// Per block of the group, the activations' scale and `d * sum(q)`.
+/// Per block of the group, the `f32` at byte `field` of the activation block.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn activation_scales(blocks: &[[u8; q8_32::BYTES]; GROUP]) -> (__m256, __m256) {
+fn activation_field(blocks: &[[u8; split32::BYTES]; GROUP], field: usize) -> __m256 {
+    assert!(
+        field + 4 <= split32::BYTES,
+        "field {field} lies within the block"
+    );
     let offsets = _mm256_mullo_epi32(
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        _mm256_set1_epi32(q8_32::BYTES as i32),
+        _mm256_set1_epi32(split32::BYTES as i32),
     );
     let base: *const f32 = blocks.as_ptr().cast();
-    // SAFETY: lane k reads 4 bytes inside block k of `blocks`: the scale at byte 32, the sum at
-    // byte 36, of 40.
-    unsafe {
-        let d = _mm256_i32gather_ps::<1>(base.wrapping_byte_add(q8_32::D), offsets);
-        let sum = _mm256_i32gather_ps::<1>(base.wrapping_byte_add(q8_32::SUM), offsets);
-        (d, sum)
-    }
+    // SAFETY: lane k reads the 4 bytes at `field` of block k of `blocks`, inside the block as
+    // just checked.
+    unsafe { _mm256_i32gather_ps::<1>(base.wrapping_byte_add(field), offsets) }
 }
 
 /// The sums of the lanes of each of eight vectors, as the lanes of one.
@@ -85,37 +87,40 @@ fn lane_sums(v: [__m256i; GROUP]) -> __m256i {
     )
 }
 
-/// One group's share, `d * q . x + bias * sum(x)` summed over its blocks, in eight lanes, from
-/// its blocks' products, summed into eight lanes each.
+/// One group's share, `d * (d_hi * q . hi + d_lo * q . lo) + bias * sum(x)` summed over its
+/// blocks, in eight lanes, from its blocks' products with the high and the low part, each
+/// summed into eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(super) fn group_sum<const BYTES: usize>(
     weights: &[[u8; BYTES]; GROUP],
-    activations: &[[u8; q8_32::BYTES]; GROUP],
+    activations: &[[u8; split32::BYTES]; GROUP],
     bias: Bias,
-    products: [__m256i; GROUP],
+    products: [[__m256i; 2]; GROUP],
 ) -> __m256 {
     let (d, weight_bias) = weight_scales(weights, bias);
-    let (activation_d, activation_sum) = activation_scales(activations);
-    // One lane per block: scaling them all takes one multiply-add.
-    let blocks = _mm256_cvtepi32_ps(lane_sums(products));
+    let [d_hi, d_lo] = split32::PARTS.map(|part| activation_field(activations, part.d));
+    let activation_sum = activation_field(activations, split32::SUM);
+    // One lane per block: scaling them all takes a few multiply-adds.
+    let [hi, lo] = [0, 1].map(|p| _mm256_cvtepi32_ps(lane_sums(products.map(|block| block[p]))));
     let biases = _mm256_mul_ps(weight_bias, activation_sum);
-    _mm256_fmadd_ps(_mm256_mul_ps(d, activation_d), blocks, biases)
+    let parts = _mm256_fmadd_ps(d_hi, hi, _mm256_mul_ps(d_lo, lo));
+    _mm256_fmadd_ps(d, parts, biases)
 }
 
 /// The dot product of `$weight`, legacy blocks of `$bytes` bytes whose `$bias` is folded in
-/// through the activation sums, with `$activation`; `$products(w, x)` multiplies one block's
-/// values with its activations and sums them into eight `i32` lanes.
+/// through the activation sums, with `$activation`; `$products(w, x)` unpacks one block's values
+/// and multiplies them with each part of its activations, summing each into eight `i32` lanes.
 ///
 /// A macro rather than a function so that `$products`, which may need more than AVX2, is
 /// compiled, and inlined, with the instruction set of the kernel it expands in.
 macro_rules! dot_blocks {
     ($weight:expr, $activation:expr, $bytes:literal, $bias:expr, $products:expr) => {{
         use super::avx2::{GROUP, group_sum};
-        use crate::activation::q8_32;
+        use crate::activation::split32;
         let weights = $weight.as_chunks::<$bytes>().0;
-        let activations = $activation.as_chunks::<{ q8_32::BYTES }>().0;
-        let group = |w: &[[u8; $bytes]; GROUP], x: &[[u8; q8_32::BYTES]; GROUP]| {
+        let activations = $activation.as_chunks::<{ split32::BYTES }>().0;
+        let group = |w: &[[u8; $bytes]; GROUP], x: &[[u8; split32::BYTES]; GROUP]| {
             let blocks = std::array::from_fn(|k| {
                 crate::simd::prefetch_ahead(&w[k]);
                 ($products)(&w[k], &x[k])
@@ -131,7 +136,7 @@ macro_rules! dot_blocks {
         if !weight_rest.is_empty() {
             // The last blocks, padded with zero blocks, which add nothing, to a whole group.
             let mut w = [[0; $bytes]; GROUP];
-            let mut x = [[0; q8_32::BYTES]; GROUP];
+            let mut x = [[0; split32::BYTES]; GROUP];
             w[..weight_rest.len()].copy_from_slice(weight_rest);
             x[..activation_rest.len()].copy_from_slice(activation_rest);
             acc = _mm256_add_ps(acc, group(&w, &x));
@@ -174,12 +179,20 @@ pub(super) fn fifth_bits(bits: &[u8; 4]) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// Unsigned values below 32 times activations of at most 127, in eight `i32` lanes.
+/// The 32 values of each part of an activation block.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn unsigned_products(q: __m256i, x: &[u8; q8_32::BYTES]) -> __m256i {
+pub(super) fn parts(x: &[u8; split32::BYTES]) -> [__m256i; 2] {
+    split32::PARTS.map(|part| load256(array(x, part.values)))
+}
+
+/// Unsigned values below 32 times each part's values (at most 127 in magnitude), in eight
+/// `i32` lanes per part.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn unsigned_products(q: __m256i, x: &[u8; split32::BYTES]) -> [__m256i; 2] {
     // Pairs of products stay below 2 * 31 * 127: no i16 overflow.
-    sum_i16_pairs(_mm256_maddubs_epi16(q, load256(array(x, 0))))
+    parts(x).map(|x| sum_i16_pairs(_mm256_maddubs_epi16(q, x)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -216,12 +229,9 @@ pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
 pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
     dot_blocks!(weight, activation, 34, Bias::Offset(0.0), |w, x| {
         let q = load256(array(w, 2));
-        let x = load256(array(x, 0));
+        let magnitudes = _mm256_sign_epi8(q, q);
         // maddubs wants one unsigned operand: move the weights' signs onto the activations.
         // |q| <= 128 and |x| <= 127, in pairs: no i16 overflow.
-        sum_i16_pairs(_mm256_maddubs_epi16(
-            _mm256_sign_epi8(q, q),
-            _mm256_sign_epi8(x, q),
-        ))
+        parts(x).map(|x| sum_i16_pairs(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, q))))
     })
 }

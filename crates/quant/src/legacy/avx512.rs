@@ -1,18 +1,18 @@
-//! AVX-512 dot products of the legacy formats with Q8Block32 activations: the AVX2 kernels'
-//! structure, with VNNI's `vpdpbusd` multiplying and summing each block in one instruction, and
-//! Q5's fifth bits added under a byte mask.
+//! AVX-512 dot products of the legacy formats with SplitQ8Block32 activations: the AVX2 kernels'
+//! structure, with VNNI's `vpdpbusd` multiplying and summing each part of a block in one
+//! instruction, and Q5's fifth bits added under a byte mask.
 
 use std::arch::x86_64::*;
 
-use super::avx2::{Bias, dot_blocks, nibbles};
-use crate::activation::q8_32;
+use super::avx2::{Bias, dot_blocks, nibbles, parts};
+use crate::activation::split32;
 use crate::simd::{array, load256};
 
-/// `q . x` of unsigned values with activations, in eight `i32` lanes.
+/// `q . x` of unsigned values with each part of the activations, in eight `i32` lanes per part.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline]
-fn unsigned_products(q: __m256i, x: &[u8; q8_32::BYTES]) -> __m256i {
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, load256(array(x, 0)))
+fn unsigned_products(q: __m256i, x: &[u8; split32::BYTES]) -> [__m256i; 2] {
+    parts(x).map(|x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x))
 }
 
 /// The nibbles at `packed`, plus 16 where the little-endian bits at `bits` are set.

@@ -2,7 +2,7 @@
 //!
 //! Each block holds an `f16` scale `d`, for the affine formats an `f16` minimum `m`, and 32
 //! quantized values `q`: element `i` is `d * q[i]` (with `q` offset to be signed) or
-//! `d * q[i] + m`. Their dot products take [`ActivationFormat::Q8Block32`] activations.
+//! `d * q[i] + m`. Their dot products take [`ActivationFormat::SplitQ8Block32`] activations.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -11,7 +11,7 @@ mod avx512;
 
 use lucebox_gguf::GgmlType;
 
-use crate::activation::{ActivationFormat, q8_32};
+use crate::activation::{ActivationFormat, split32};
 use crate::bytes::{f16_at, f32_at, u32_at};
 #[cfg(target_arch = "x86_64")]
 use crate::format::DotFn;
@@ -48,17 +48,21 @@ fn dequantize<L: Legacy>(src: &[u8], dst: &mut [f32]) {
 
 fn dot<L: Legacy>(weight: &[u8], activation: &[u8]) -> f32 {
     let mut sum = 0.0;
-    let activations = activation.chunks_exact(q8_32::BYTES);
+    let activations = activation.chunks_exact(split32::BYTES);
     for (block, a) in weight.chunks_exact(L::BYTES).zip(activations) {
         let Unpacked { values, d, min } = L::unpack(block);
-        let products: i32 = values
-            .iter()
-            .zip(&a[..32])
-            .map(|(&w, &x)| i32::from(w) * i32::from(x as i8))
-            .sum();
-        sum += d * f32_at(a, q8_32::D) * products as f32;
+        let [hi, lo] = split32::PARTS.map(|part| {
+            let x = &a[part.values..part.values + 32];
+            let products: i32 = values
+                .iter()
+                .zip(x)
+                .map(|(&w, &x)| i32::from(w) * i32::from(x as i8))
+                .sum();
+            f32_at(a, part.d) * products as f32
+        });
+        sum += d * (hi + lo);
         if let Some(m) = min {
-            sum += m * f32_at(a, q8_32::SUM);
+            sum += m * f32_at(a, split32::SUM);
         }
     }
     sum
@@ -162,7 +166,7 @@ macro_rules! legacy_formats {
     ($($format:ident: $avx2:ident $(, $avx512:ident)?;)*) => {$(
         impl Format for $format {
             const TYPE: GgmlType = GgmlType::$format;
-            const ACTIVATION: ActivationFormat = ActivationFormat::Q8Block32;
+            const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Block32;
             fn dequantize(src: &[u8], dst: &mut [f32]) {
                 dequantize::<Self>(src, dst)
             }
