@@ -111,7 +111,8 @@ class GgufModel:
                 raise ModelError(f"{key('rope.scaling.type')} = {scaling!r}: only none and linear are supported")
             freq_scale = 1.0 / float(self._required(key("rope.scaling.factor")))
 
-        attn_scale = float(self._field(key("attention.scale")) or 0.0)
+        # Only llama.cpp's llama graph reads attention.scale; qwen2 and qwen3 always use 1/sqrt(dk).
+        attn_scale = float(self._field(key("attention.scale")) or 0.0) if arch == "llama" else 0.0
         if attn_scale == 0.0:
             attn_scale = 1.0 / np.sqrt(head_dim_k)
 
