@@ -68,6 +68,12 @@ impl SamplingParams {
                 format!("{} is not a finite value > 0", self.repetition_penalty),
             );
         }
+        if self.penalty_window > MAX_PENALTY_WINDOW {
+            return bad(
+                "penalty_window",
+                format!("{} is above {MAX_PENALTY_WINDOW}", self.penalty_window),
+            );
+        }
         for (name, v) in [
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
@@ -141,6 +147,10 @@ pub struct Sampler {
     distribution: Distribution,
 }
 
+/// The longest penalty window accepted: the sampler reserves it up front, so that penalising a
+/// growing history never reallocates.
+pub const MAX_PENALTY_WINDOW: usize = 1 << 16;
+
 /// How many candidates the top-p search sorts first; it widens until the mass is covered.
 const TOP_P_FIRST_WINDOW: usize = 256;
 
@@ -148,11 +158,16 @@ impl Sampler {
     /// A sampler for `params`, which must have passed [`SamplingParams::validate`].
     pub fn new(params: SamplingParams) -> Self {
         let seed = params.seed.unwrap_or_else(Rng::random_seed);
+        let window = Vec::with_capacity(if params.has_penalties() {
+            params.penalty_window.min(MAX_PENALTY_WINDOW)
+        } else {
+            0
+        });
         Self {
             rng: Rng::seeded(seed),
             seed,
             params,
-            window: Vec::new(),
+            window,
             candidates: Vec::new(),
             distribution: Distribution::default(),
         }
