@@ -1,9 +1,13 @@
-//! Quantized matrix multiplication: activations are quantized once per call, then each thread
-//! takes a few weight rows at a time and runs them against every activation row while they are
-//! hot in L1.
+//! Quantized matrix multiplication: activations are quantized once per call; then each thread
+//! claims a contiguous run of weight rows and multiplies them, a few activation rows at a time,
+//! so that both stay in L1 while they are combined.
 
 use super::CpuMatrix;
 use super::pool::{DisjointMut, ThreadPool};
+
+/// Activation rows multiplied together against one weight row: the quant kernels unpack a weight
+/// block once for up to four activation rows.
+const ACTIVATION_TILE: usize = 4;
 
 /// `out[r][j] = dot(matrix row j, x row r) (+ bias[j])` for `rows` rows of `x`.
 pub(super) fn matmul(
@@ -35,15 +39,33 @@ pub(super) fn matmul(
     let quantized = &*quantized;
     let weights = matrix.bytes();
     let out = DisjointMut::new(out);
-    let grain = (n / (pool.threads() * 16)).clamp(4, 32);
-    pool.for_each(n, grain, &|cols| {
-        for r in 0..rows {
-            let activation = &quantized[r * act_bytes..(r + 1) * act_bytes];
-            // SAFETY: this range owns output columns `cols` of every row; ranges are disjoint.
-            let dst = unsafe { out.slice(r * n + cols.start..r * n + cols.end) };
-            for (j, o) in cols.clone().zip(dst) {
-                *o = format.dot(matrix.row(weights, j), activation) + bias.map_or(0.0, |b| b[j]);
+    pool.for_each(n, weight_rows_per_claim(n, rows, pool.threads()), &|weight_rows| {
+        let mut dots = [0f32; ACTIVATION_TILE];
+        for first in (0..rows).step_by(ACTIVATION_TILE) {
+            let tile = ACTIVATION_TILE.min(rows - first);
+            let activations = &quantized[first * act_bytes..(first + tile) * act_bytes];
+            for j in weight_rows.clone() {
+                format.dot_rows(matrix.row(weights, j), activations, &mut dots[..tile]);
+                let b = bias.map_or(0.0, |b| b[j]);
+                for (i, &dot) in dots[..tile].iter().enumerate() {
+                    let at = (first + i) * n + j;
+                    // SAFETY: this claim owns output column j of every row; claims are disjoint.
+                    let cell = unsafe { out.slice(at..at + 1) };
+                    cell[0] = dot + b;
+                }
             }
         }
     });
+}
+
+/// How many weight rows a thread claims at a time. Decoding streams the weights from memory once:
+/// long contiguous runs let the kernels' prefetching run ahead, while several claims per thread
+/// still balance the load when a core is busy elsewhere. With many activation rows the weights
+/// are reused from cache, and short runs keep a run's weights in L1 across activation tiles.
+fn weight_rows_per_claim(weight_rows: usize, activation_rows: usize, threads: usize) -> usize {
+    if activation_rows <= ACTIVATION_TILE {
+        (weight_rows / (threads * 8)).clamp(16, 512)
+    } else {
+        16
+    }
 }
