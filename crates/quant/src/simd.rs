@@ -138,3 +138,25 @@ pub(crate) fn sum_i32x8(v: __m256i) -> i32 {
     let pair = _mm_add_epi32(quad, _mm_unpackhi_epi64(quad, quad));
     _mm_cvtsi128_si32(_mm_add_epi32(pair, _mm_shuffle_epi32(pair, 0b01)))
 }
+
+/// `acc` plus the sums of adjacent pairs of `i16` products of `a` and `b` (VNNI's `vpdpwssd`).
+///
+/// Written in assembly because LLVM, tuning for a generic x86-64, splits the intrinsic into
+/// `vpmaddwd` and `vpaddd`: in kernels limited by how many vector instructions the CPU issues,
+/// that extra instruction per multiply measurably costs.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+pub(crate) fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: one register-only instruction of AVX-512 VNNI, which this function requires.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}

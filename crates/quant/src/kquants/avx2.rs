@@ -23,7 +23,7 @@ const BATCH: usize = 8;
 /// whose top 2 bits are the top bits of bytes 0..4 and 4..8.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn scale_and_min_pairs(block: &[u8]) -> (__m256i, __m256i) {
+pub(super) fn scale_and_min_pairs(block: &[u8]) -> (__m256i, __m256i) {
     const Z: i8 = -128; // a shuffle index that yields 0
     let packed = _mm256_broadcastsi128_si256(load128(array(block, 4)));
     // Per lane: [bytes 0..4, 8..12, 4..8, 8..12], and the bytes whose top bits complete 4..8.

@@ -2,30 +2,12 @@
 //! more than its multiplications, works on 512 bits with `vpternlog` and per-lane shifts, and
 //! VNNI's `vpdpwssd` applies the scales. Each weight block is unpacked once for both parts of the
 //! activations.
-//!
-//! Q4_K and Q5_K keep their AVX2 kernels: measured, a VNNI version (which LLVM splits back into
-//! `vpmaddwd` and `vpaddd`) ran no faster, and on 512 bits their multiplications get one port
-//! instead of two.
 
 use std::arch::x86_64::*;
 
-use super::avx2::{dot_with_mins, q5_k_fifth_bits};
 use crate::activation::split256;
 use crate::bytes::f32_at;
-use crate::simd::{array, f16_at, load128, load256, load512, prefetch_ahead, sum_f32x8};
-
-/// The AVX2 kernel for four activation rows, compiled for AVX-512: its 32 vector registers hold
-/// the four rows' accumulators without spilling.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot4_q4_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
-    dot_with_mins::<144, 16, 4>(weight, activations, |_| [_mm256_setzero_si256(); 8])
-}
-
-/// Q5_K's kernel for four activation rows, compiled for AVX-512 as [`dot4_q4_k`] is.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot4_q5_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
-    dot_with_mins::<176, 48, 4>(weight, activations, |w| q5_k_fifth_bits(w))
-}
+use crate::simd::{array, dpwssd512, f16_at, load128, load256, load512, prefetch_ahead, sum_f32x8};
 
 /// `(a & 0x0f) | b`, for `b` without bits in the low nibble.
 #[target_feature(enable = "avx512f")]
@@ -93,7 +75,7 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
                         let x = load512(array(&row[i], part.values + 64 * k));
                         // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
                         let products = _mm512_maddubs_epi16(q, x);
-                        *sum = _mm512_dpwssd_epi32(*sum, products, scale);
+                        *sum = dpwssd512(*sum, products, scale);
                     }
                 }
             }

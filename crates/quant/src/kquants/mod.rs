@@ -13,6 +13,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_mins;
 
 use lucebox_gguf::GgmlType;
 
@@ -152,7 +154,9 @@ impl Format for Q4K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_DOT4: Option<Dot4Fn> = Some(avx2::dot4_q4_k);
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT4: Option<Dot4Fn> = Some(avx512::dot4_q4_k);
+    const AVX512_DOT: DotFn = avx512_mins::dot_q4_k;
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_DOT4: Option<Dot4Fn> = Some(avx512_mins::dot4_q4_k);
 }
 
 /// Q5_K: see the module documentation.
@@ -172,7 +176,9 @@ impl Format for Q5K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_DOT4: Option<Dot4Fn> = Some(avx2::dot4_q5_k);
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT4: Option<Dot4Fn> = Some(avx512::dot4_q5_k);
+    const AVX512_DOT: DotFn = avx512_mins::dot_q5_k;
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_DOT4: Option<Dot4Fn> = Some(avx512_mins::dot4_q5_k);
 }
 
 /// Q6_K: see the module documentation.

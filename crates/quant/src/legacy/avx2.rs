@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use crate::activation::split32;
-use crate::simd::{array, load128, load256, sum_i16_pairs};
+use crate::simd::{array, load128, load256, prefetch_ahead, sum_f32x8, sum_i16_pairs};
 
 /// Blocks whose scales are gathered together.
 pub(super) const GROUP: usize = 8;
@@ -29,7 +29,7 @@ pub(super) enum Bias {
 /// Per block of the group, `d` and the bias per unit of activation sum.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn weight_scales<const BYTES: usize>(
+pub(super) fn weight_scales<const BYTES: usize>(
     blocks: &[[u8; BYTES]; GROUP],
     bias: Bias,
 ) -> (__m256, __m256) {
@@ -56,7 +56,7 @@ fn weight_scales<const BYTES: usize>(
 /// Per block of the group, the `f32` at byte `field` of the activation block.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn activation_field(blocks: &[[u8; split32::BYTES]; GROUP], field: usize) -> __m256 {
+pub(super) fn activation_field(blocks: &[[u8; split32::BYTES]; GROUP], field: usize) -> __m256 {
     assert!(
         field + 4 <= split32::BYTES,
         "field {field} lies within the block"
@@ -92,64 +92,100 @@ fn lane_sums(v: [__m256i; GROUP]) -> __m256i {
 /// summed into eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn group_sum<const BYTES: usize>(
+fn group_sum<const BYTES: usize>(
     weights: &[[u8; BYTES]; GROUP],
     activations: &[[u8; split32::BYTES]; GROUP],
     bias: Bias,
     products: [[__m256i; 2]; GROUP],
 ) -> __m256 {
     let (d, weight_bias) = weight_scales(weights, bias);
-    let [d_hi, d_lo] = split32::PARTS.map(|part| activation_field(activations, part.d));
+    let [hi_at, lo_at] = split32::PARTS;
+    let d_hi = activation_field(activations, hi_at.d);
+    let d_lo = activation_field(activations, lo_at.d);
     let activation_sum = activation_field(activations, split32::SUM);
-    // One lane per block: scaling them all takes a few multiply-adds.
-    let [hi, lo] = [0, 1].map(|p| _mm256_cvtepi32_ps(lane_sums(products.map(|block| block[p]))));
+    // One lane per block: scaling them all takes a few multiply-adds. (Loops and array maps
+    // here would not be inlined: closures do not inherit the target features.)
+    let mut hi = [_mm256_setzero_si256(); GROUP];
+    let mut lo = [_mm256_setzero_si256(); GROUP];
+    for (k, [block_hi, block_lo]) in products.into_iter().enumerate() {
+        hi[k] = block_hi;
+        lo[k] = block_lo;
+    }
+    let hi = _mm256_cvtepi32_ps(lane_sums(hi));
+    let lo = _mm256_cvtepi32_ps(lane_sums(lo));
     let biases = _mm256_mul_ps(weight_bias, activation_sum);
     let parts = _mm256_fmadd_ps(d_hi, hi, _mm256_mul_ps(d_lo, lo));
     _mm256_fmadd_ps(d, parts, biases)
 }
 
-/// The dot product of `$weight`, legacy blocks of `$bytes` bytes whose `$bias` is folded in
-/// through the activation sums, with `$activation`; `$products(w, x)` unpacks one block's values
-/// and multiplies them with each part of its activations, summing each into eight `i32` lanes.
-///
-/// A macro rather than a function so that `$products`, which may need more than AVX2, is
-/// compiled, and inlined, with the instruction set of the kernel it expands in.
-macro_rules! dot_blocks {
-    ($weight:expr, $activation:expr, $bytes:literal, $bias:expr, $products:expr) => {{
-        use super::avx2::{GROUP, group_sum};
-        use crate::activation::split32;
-        let weights = $weight.as_chunks::<$bytes>().0;
-        let activations = $activation.as_chunks::<{ split32::BYTES }>().0;
-        let group = |w: &[[u8; $bytes]; GROUP], x: &[[u8; split32::BYTES]; GROUP]| {
-            let blocks = std::array::from_fn(|k| {
-                crate::simd::prefetch_ahead(&w[k]);
-                ($products)(&w[k], &x[k])
-            });
-            group_sum(w, x, $bias, blocks)
-        };
-        let (weight_groups, weight_rest) = weights.as_chunks::<GROUP>();
-        let (activation_groups, activation_rest) = activations.as_chunks::<GROUP>();
-        let mut acc = _mm256_setzero_ps();
-        for (w, x) in weight_groups.iter().zip(activation_groups) {
-            acc = _mm256_add_ps(acc, group(w, x));
-        }
-        if !weight_rest.is_empty() {
-            // The last blocks, padded with zero blocks, which add nothing, to a whole group.
-            let mut w = [[0; $bytes]; GROUP];
-            let mut x = [[0; split32::BYTES]; GROUP];
-            w[..weight_rest.len()].copy_from_slice(weight_rest);
-            x[..activation_rest.len()].copy_from_slice(activation_rest);
-            acc = _mm256_add_ps(acc, group(&w, &x));
-        }
-        crate::simd::sum_f32x8(acc)
-    }};
+/// A group of weight blocks and the activation blocks they multiply.
+pub(super) type Group<'a, const BYTES: usize> =
+    (&'a [[u8; BYTES]; GROUP], &'a [[u8; split32::BYTES]; GROUP]);
+
+/// Room for the last group of a row, padded with zero blocks, which add nothing.
+pub(super) struct Padded<const BYTES: usize> {
+    weights: [[u8; BYTES]; GROUP],
+    activations: [[u8; split32::BYTES]; GROUP],
 }
-pub(super) use dot_blocks;
+
+impl<const BYTES: usize> Default for Padded<BYTES> {
+    fn default() -> Self {
+        Padded {
+            weights: [[0; BYTES]; GROUP],
+            activations: [[0; split32::BYTES]; GROUP],
+        }
+    }
+}
+
+/// The groups of a weight row of `BYTES`-byte blocks and its activation row, the last one
+/// padded in `padded` (left alone unless needed) when the row is not a whole number of groups. One loop over these keeps
+/// a kernel's body in one place, where a closure called for the whole groups and again for the
+/// last one is compiled out of line.
+#[inline]
+pub(super) fn groups<'a, const BYTES: usize>(
+    weight: &'a [u8],
+    activation: &'a [u8],
+    padded: &'a mut Option<Padded<BYTES>>,
+) -> impl Iterator<Item = Group<'a, BYTES>> {
+    let (weight_groups, weight_rest) = weight.as_chunks::<BYTES>().0.as_chunks::<GROUP>();
+    let activations = activation.as_chunks::<{ split32::BYTES }>().0;
+    let (activation_groups, activation_rest) = activations.as_chunks::<GROUP>();
+    let last = (!weight_rest.is_empty()).then(|| {
+        let padded = padded.insert(Padded::default());
+        padded.weights[..weight_rest.len()].copy_from_slice(weight_rest);
+        padded.activations[..activation_rest.len()].copy_from_slice(activation_rest);
+        (&padded.weights, &padded.activations)
+    });
+    weight_groups.iter().zip(activation_groups).chain(last)
+}
+
+/// The dot product of `weight`, legacy blocks of `BYTES` bytes whose `bias` is folded in
+/// through the activation sums, with `activation`; `products(w, x)` unpacks one block's values
+/// and multiplies them with each part of its activations, summing each into eight `i32` lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn dot_blocks<const BYTES: usize>(
+    weight: &[u8],
+    activation: &[u8],
+    bias: Bias,
+    products: impl Fn(&[u8; BYTES], &[u8; split32::BYTES]) -> [__m256i; 2],
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (w, x) in groups(weight, activation, &mut None) {
+        let mut blocks = [[_mm256_setzero_si256(); 2]; GROUP];
+        for ((block, w), x) in blocks.iter_mut().zip(w).zip(x) {
+            prefetch_ahead(w);
+            *block = products(w, x);
+        }
+        acc = _mm256_add_ps(acc, group_sum(w, x, bias, blocks));
+    }
+    sum_f32x8(acc)
+}
 
 /// The 32 nibbles of 16 bytes: the low ones are elements 0..16, the high ones 16..32.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) fn nibbles(packed: &[u8; 16]) -> __m256i {
+fn nibbles(packed: &[u8; 16]) -> __m256i {
     // Both halves from one load, the upper one shifted by 4: no shuffle needed.
     let both = _mm256_broadcastsi128_si256(load128(packed));
     let shifted = _mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4));
@@ -159,7 +195,7 @@ pub(super) fn nibbles(packed: &[u8; 16]) -> __m256i {
 /// 16 in byte `i` where bit `i` of the little-endian `bits` is set, else 0.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) fn fifth_bits(bits: &[u8; 4]) -> __m256i {
+fn fifth_bits(bits: &[u8; 4]) -> __m256i {
     // A vector load: read into a general register, LLVM merges these 4 bytes with the load of
     // the nibbles beside them and rebuilds both out of partial loads and five shuffles.
     // SAFETY: `bits` is 4 readable bytes and the load has no alignment requirement.
@@ -182,8 +218,9 @@ pub(super) fn fifth_bits(bits: &[u8; 4]) -> __m256i {
 /// The 32 values of each part of an activation block.
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) fn parts(x: &[u8; split32::BYTES]) -> [__m256i; 2] {
-    split32::PARTS.map(|part| load256(array(x, part.values)))
+fn parts(x: &[u8; split32::BYTES]) -> [__m256i; 2] {
+    let [hi, lo] = split32::PARTS;
+    [load256(array(x, hi.values)), load256(array(x, lo.values))]
 }
 
 /// Unsigned values below 32 times each part's values (at most 127 in magnitude), in eight
@@ -192,26 +229,30 @@ pub(super) fn parts(x: &[u8; split32::BYTES]) -> [__m256i; 2] {
 #[inline]
 fn unsigned_products(q: __m256i, x: &[u8; split32::BYTES]) -> [__m256i; 2] {
     // Pairs of products stay below 2 * 31 * 127: no i16 overflow.
-    parts(x).map(|x| sum_i16_pairs(_mm256_maddubs_epi16(q, x)))
+    let [hi, lo] = parts(x);
+    [
+        sum_i16_pairs(_mm256_maddubs_epi16(q, hi)),
+        sum_i16_pairs(_mm256_maddubs_epi16(q, lo)),
+    ]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 18, Bias::Offset(-8.0), |w, x| {
+    dot_blocks::<18>(weight, activation, Bias::Offset(-8.0), |w, x| {
         unsigned_products(nibbles(array(w, 2)), x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 20, Bias::Min, |w, x| {
+    dot_blocks::<20>(weight, activation, Bias::Min, |w, x| {
         unsigned_products(nibbles(array(w, 4)), x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 22, Bias::Offset(-16.0), |w, x| {
+    dot_blocks::<22>(weight, activation, Bias::Offset(-16.0), |w, x| {
         let q = _mm256_or_si256(nibbles(array(w, 6)), fifth_bits(array(w, 2)));
         unsigned_products(q, x)
     })
@@ -219,7 +260,7 @@ pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 24, Bias::Min, |w, x| {
+    dot_blocks::<24>(weight, activation, Bias::Min, |w, x| {
         let q = _mm256_or_si256(nibbles(array(w, 8)), fifth_bits(array(w, 4)));
         unsigned_products(q, x)
     })
@@ -227,11 +268,15 @@ pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 34, Bias::Offset(0.0), |w, x| {
+    dot_blocks::<34>(weight, activation, Bias::Offset(0.0), |w, x| {
         let q = load256(array(w, 2));
         let magnitudes = _mm256_sign_epi8(q, q);
         // maddubs wants one unsigned operand: move the weights' signs onto the activations.
         // |q| <= 128 and |x| <= 127, in pairs: no i16 overflow.
-        parts(x).map(|x| sum_i16_pairs(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, q))))
+        let [hi, lo] = parts(x);
+        [
+            sum_i16_pairs(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(hi, q))),
+            sum_i16_pairs(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(lo, q))),
+        ]
     })
 }

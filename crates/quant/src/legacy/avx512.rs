@@ -1,63 +1,165 @@
-//! AVX-512 dot products of the legacy formats with SplitQ8Block32 activations: the AVX2 kernels'
-//! structure, with VNNI's `vpdpbusd` multiplying and summing each part of a block in one
-//! instruction, and Q5's fifth bits added under a byte mask.
+//! AVX-512 dot products of the legacy formats with SplitQ8Block32 activations.
+//!
+//! The two parts of an activation block lie side by side, 64 bytes: one 512-bit vector. Each
+//! weight block's 32 values are unpacked once into both halves of a vector, and VNNI's
+//! `vpdpbusd` multiplies them with both parts at once: lanes 0..8 sum the high part's products,
+//! lanes 8..16 the low part's. As in the AVX2 kernels, blocks go in groups of eight whose scales
+//! are gathered into vectors; one transposing reduction turns a group's eight product vectors
+//! into its sixteen sums, scaled together. Q5's fifth bits are added under a byte mask, and Q8_0's
+//! signed values are made unsigned by flipping their sign bit, which adds 128, taken back out
+//! through the activation sums.
 
 use std::arch::x86_64::*;
 
-use super::avx2::{Bias, dot_blocks, nibbles, parts};
+use super::avx2::{Bias, GROUP, activation_field, groups, weight_scales};
 use crate::activation::split32;
-use crate::simd::{array, load256};
+use crate::simd::{array, load128, load256, load512, prefetch_ahead, sum_f32x8};
 
-/// `q . x` of unsigned values with each part of the activations, in eight `i32` lanes per part.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+// One 64-byte load takes both parts of a block.
+const _: () = assert!(split32::PARTS[0].values == 0 && split32::PARTS[1].values == 32);
+
+/// The sums of the eight lanes of each part of eight blocks' products: lanes 0..4 hold the high
+/// part's of blocks 0..4, lanes 4..8 their low part's, lanes 8..16 the same for blocks 4..8.
+#[target_feature(enable = "avx512f")]
 #[inline]
-fn unsigned_products(q: __m256i, x: &[u8; split32::BYTES]) -> [__m256i; 2] {
-    parts(x).map(|x| _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x))
+fn block_sums(v: [__m512i; GROUP]) -> __m512i {
+    // Per 128-bit lane, [a0 + a2, b0 + b2, a1 + a3, b1 + b3].
+    let pair = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    // Per 128-bit lane, the sums of its four values for four vectors.
+    let quad = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    let first = quad(pair(v[0], v[1]), pair(v[2], v[3]));
+    let second = quad(pair(v[4], v[5]), pair(v[6], v[7]));
+    // 128-bit lanes 0 and 1 hold the high part, 2 and 3 the low part: add them in pairs.
+    _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(first, second),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(first, second),
+    )
 }
 
-/// The nibbles at `packed`, plus 16 where the little-endian bits at `bits` are set.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// Per lane of [`block_sums`]' order, the activation block's scale of that part.
+#[target_feature(enable = "avx512f")]
 #[inline]
-fn five_bit_values(packed: &[u8; 16], bits: &[u8; 4]) -> __m256i {
+fn activation_scales(blocks: &[[u8; split32::BYTES]; GROUP]) -> __m512 {
+    let [hi, lo] = split32::PARTS.map(|part| part.d as i32);
+    let stride = split32::BYTES as i32;
+    let offsets = _mm512_setr_epi32(
+        hi,
+        hi + stride,
+        hi + 2 * stride,
+        hi + 3 * stride,
+        lo,
+        lo + stride,
+        lo + 2 * stride,
+        lo + 3 * stride,
+        hi + 4 * stride,
+        hi + 5 * stride,
+        hi + 6 * stride,
+        hi + 7 * stride,
+        lo + 4 * stride,
+        lo + 5 * stride,
+        lo + 6 * stride,
+        lo + 7 * stride,
+    );
+    // SAFETY: every lane reads the 4 bytes of a scale field (at byte 64 or 68 of 76) of one of
+    // the eight blocks of `blocks`.
+    unsafe { _mm512_i32gather_ps::<1>(offsets, blocks.as_ptr().cast()) }
+}
+
+/// The dot product of `weight`, legacy blocks of `BYTES` bytes whose `bias` is folded in
+/// through the activation sums, with `activation`; `products(w, x)` unpacks one block's values
+/// and multiplies them with both parts of its activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+fn dot_blocks<const BYTES: usize>(
+    weight: &[u8],
+    activation: &[u8],
+    bias: Bias,
+    products: impl Fn(&[u8; BYTES], &[u8; split32::BYTES]) -> __m512i,
+) -> f32 {
+    // Each block's weight scale, in block_sums' order.
+    let weight_lanes = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7);
+    let mut acc = _mm512_setzero_ps();
+    let mut bias_acc = _mm256_setzero_ps();
+    for (w, x) in groups(weight, activation, &mut None) {
+        let mut blocks = [_mm512_setzero_si512(); GROUP];
+        for ((block, w), x) in blocks.iter_mut().zip(w).zip(x) {
+            prefetch_ahead(w);
+            *block = products(w, x);
+        }
+        let (d, weight_bias) = weight_scales(w, bias);
+        let d = _mm512_permutexvar_ps(weight_lanes, _mm512_castps256_ps512(d));
+        let scales = _mm512_mul_ps(d, activation_scales(x));
+        acc = _mm512_fmadd_ps(scales, _mm512_cvtepi32_ps(block_sums(blocks)), acc);
+        let activation_sum = activation_field(x, split32::SUM);
+        bias_acc = _mm256_fmadd_ps(weight_bias, activation_sum, bias_acc);
+    }
+    let halves = _mm256_add_ps(
+        _mm512_castps512_ps256(acc),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)),
+    );
+    sum_f32x8(_mm256_add_ps(halves, bias_acc))
+}
+
+/// The 32 nibbles of 16 bytes, in both halves: the low ones are elements 0..16, the high ones
+/// 16..32.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn nibbles(packed: &[u8; 16]) -> __m512i {
+    let all = _mm512_broadcast_i32x4(load128(packed));
+    let shifted = _mm512_srlv_epi64(all, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    _mm512_and_si512(shifted, _mm512_set1_epi8(0x0f))
+}
+
+/// The nibbles at `packed`, plus 16 where the little-endian bits at `bits` are set, in both
+/// halves.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn five_bit_values(packed: &[u8; 16], bits: &[u8; 4]) -> __m512i {
     let low = nibbles(packed);
-    let fifth = _cvtu32_mask32(u32::from_le_bytes(*bits));
-    _mm256_mask_add_epi8(low, fifth, low, _mm256_set1_epi8(16))
+    let bits = u64::from(u32::from_le_bytes(*bits));
+    let fifth = _cvtu64_mask64(bits | bits << 32);
+    _mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16))
+}
+
+/// `q . x` of unsigned values, in both halves, with both parts of the activations.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+fn unsigned_products(q: __m512i, x: &[u8; split32::BYTES]) -> __m512i {
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(array(x, 0)))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 18, Bias::Offset(-8.0), |w, x| {
+    dot_blocks::<18>(weight, activation, Bias::Offset(-8.0), |w, x| {
         unsigned_products(nibbles(array(w, 2)), x)
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 20, Bias::Min, |w, x| {
+    dot_blocks::<20>(weight, activation, Bias::Min, |w, x| {
         unsigned_products(nibbles(array(w, 4)), x)
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 22, Bias::Offset(-16.0), |w, x| {
+    dot_blocks::<22>(weight, activation, Bias::Offset(-16.0), |w, x| {
         unsigned_products(five_bit_values(array(w, 6), array(w, 2)), x)
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks!(weight, activation, 24, Bias::Min, |w, x| {
+    dot_blocks::<24>(weight, activation, Bias::Min, |w, x| {
         unsigned_products(five_bit_values(array(w, 8), array(w, 4)), x)
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
-    // vpdpbusd wants unsigned weights: flipping the sign bit adds 128, taken back out through
-    // the activation sums.
-    dot_blocks!(weight, activation, 34, Bias::Offset(-128.0), |w, x| {
-        let q = _mm256_xor_si256(load256(array(w, 2)), _mm256_set1_epi8(-128));
-        unsigned_products(q, x)
+    dot_blocks::<34>(weight, activation, Bias::Offset(-128.0), |w, x| {
+        let q = _mm512_broadcast_i64x4(load256(array(w, 2)));
+        unsigned_products(_mm512_xor_si512(q, _mm512_set1_epi8(-128)), x)
     })
 }
