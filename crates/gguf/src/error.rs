@@ -1,11 +1,11 @@
 /// An error reading or validating a GGUF file.
 ///
 /// Every error names what was wrong and where: the field being read and the byte offset in the
-/// file at which that field starts.
+/// file at which that field starts. The message is complete in itself (it includes the kind), so
+/// the kind is not also reported as a source, which would print it twice in an error chain.
 #[derive(Debug, thiserror::Error)]
 #[error("gguf: {field} at byte {offset}: {kind}")]
 pub struct Error {
-    #[source]
     kind: ErrorKind,
     field: String,
     offset: u64,
@@ -17,7 +17,7 @@ pub struct Error {
 pub enum ErrorKind {
     /// Opening or mapping the file failed.
     #[error("{0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The file does not start with the `GGUF` magic.
     #[error("not a GGUF file (magic {0:02x?})")]
     BadMagic([u8; 4]),

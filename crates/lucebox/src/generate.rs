@@ -36,8 +36,10 @@ pub(crate) struct GenerateArgs {
     threads: Option<usize>,
 }
 
-/// Sampling flags, shared by the commands that generate.
+/// Sampling flags, shared by the commands that generate. Negative numbers are taken as values
+/// (and then refused or accepted by validation with a message), not as unknown flags.
 #[derive(Debug, clap::Args)]
+#[command(allow_negative_numbers = true)]
 pub(crate) struct SamplingArgs {
     /// Softmax temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
