@@ -14,8 +14,10 @@ dequantized to F32 (by gguf-py, as the reference does), so both evaluate the ver
 llama.cpp multiplies in float32 without rounding activations: they must agree to 1e-4 of the
 logit spread (seen: at most 2e-5). This checks the reference's forward math against llama.cpp's
 own graph. With --weights original llama.cpp runs the quantized file, rounding activations to
-8 bits in its dot products; that differs by several percent and is reported against a loose 25%
-bound, for information. A convention error (RoPE layout, GQA mapping, a missing bias or norm) gives
+8 bits in its dot products; that is reported against a loose bound, for information. Seen: about
+2% of the spread at most positions, argmax differing only at near-ties (margins below 0.06), but
+44% at position 0 of Qwen2.5-Coder-1.5B, whose first-token activations are huge outliers that
+8-bit rounding handles badly. A convention error (RoPE layout, GQA mapping, a missing bias or norm) gives
 differences of the order of the spread.
 """
 
@@ -35,7 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter  # noqa: E402
+from gguf import GGUFReader, GGUFWriter  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
 from compare import compare_logits, default_sequences  # noqa: E402
@@ -44,7 +46,7 @@ from model import GgufModel, forward  # noqa: E402
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 # (largest |diff| relative to the row's logit spread, top-two margin below which argmax may differ)
-TOLERANCES = {"f32": (1e-4, 1e-2), "original": (0.25, 1.0)}
+TOLERANCES = {"f32": (1e-4, 1e-2), "original": (0.5, 0.25)}
 
 
 def default_llama_dir() -> Path:
@@ -53,17 +55,22 @@ def default_llama_dir() -> Path:
 
 
 def write_f32_copy(source: Path, dest: Path) -> None:
-    """The same model with every tensor dequantized to F32 (general.file_type 0, all F32)."""
+    """The same model with every tensor dequantized to F32 (general.file_type 0, all F32).
+
+    Tensors are dequantized one at a time as they are written, so memory stays at one tensor.
+    """
     reader = GGUFReader(source)
     writer = GGUFWriter(dest, arch=reader.get_field("general.architecture").contents())
     for key, value, vtype, sub_type in metadata_items(reader):
         writer.add_key_value(key, 0 if key == "general.file_type" else value, vtype, sub_type=sub_type)
     for tensor in reader.tensors:
-        weights = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        writer.add_tensor(tensor.name, weights, raw_dtype=GGMLQuantizationType.F32)
+        shape = tuple(int(d) for d in reversed(tensor.shape))
+        writer.add_tensor_info(tensor.name, shape, np.dtype(np.float32), 4 * tensor.n_elements)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for tensor in reader.tensors:
+        writer.write_tensor_data(np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
     writer.close()
 
 
