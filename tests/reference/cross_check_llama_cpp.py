@@ -17,8 +17,8 @@ own graph. With --weights original llama.cpp runs the quantized file, rounding a
 8 bits in its dot products; that is reported against a loose bound, for information. Seen: about
 2% of the spread at most positions, argmax differing only at near-ties (margins below 0.06), but
 44% at position 0 of Qwen2.5-Coder-1.5B, whose first-token activations are huge outliers that
-8-bit rounding handles badly. A convention error (RoPE layout, GQA mapping, a missing bias or norm) gives
-differences of the order of the spread.
+8-bit rounding handles badly. A convention error (RoPE layout, GQA mapping, a missing bias or
+norm) gives differences of the order of the spread.
 """
 
 from __future__ import annotations
