@@ -45,12 +45,6 @@ pub(crate) fn f32_at(bytes: &[u8], offset: usize) -> f32 {
     f32::from_bits(u32_at(bytes, offset))
 }
 
-/// The little-endian `i16` at `offset`.
-#[inline]
-pub(crate) fn i16_at(bytes: &[u8], offset: usize) -> i16 {
-    u16_at(bytes, offset) as i16
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,6 +100,14 @@ pub(crate) fn sum_f32x8(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
 }
 
+/// The sum of the sixteen lanes.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn sum_f32x16(v: __m512) -> f32 {
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    sum_f32x8(_mm256_add_ps(_mm512_castps512_ps256(v), high))
+}
+
 /// Sums adjacent pairs of `i16` lanes into `i32` lanes.
 #[target_feature(enable = "avx2")]
 #[inline]

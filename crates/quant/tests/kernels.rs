@@ -33,7 +33,7 @@ impl SplitBlock {
     /// The blocks of a row of `format`, which must be a split format.
     fn read(format: ActivationFormat, row: &[u8]) -> Vec<SplitBlock> {
         let len = format.block_len();
-        // The scales follow the values and, in 256-blocks, the two parts' 16-element sums.
+        // The scales follow the values and, in 256-blocks, the sums of 16 elements.
         let scales = match format {
             ActivationFormat::SplitQ8Block32 => 64,
             ActivationFormat::SplitQ8Block256 => 576,
@@ -342,13 +342,13 @@ fn blocks_with_sums_record_them() {
         let q4_k = WeightFormat::new(GgmlType::Q4K, isa).unwrap();
         q4_k.quantize_activation(&x, &mut q);
         let b = &SplitBlock::read(format, &q)[0];
-        for (part, (values, sums_at)) in [(&b.hi, 512), (&b.lo, 544)].into_iter().enumerate() {
-            for g in 0..16 {
-                let at = sums_at + 2 * g;
-                let recorded = i16::from_le_bytes([q[at], q[at + 1]]);
-                let expected = sum(&values[16 * g..16 * g + 16]);
-                assert_eq!(i32::from(recorded), expected, "{isa} part {part} group {g}");
-            }
+        for g in 0..16 {
+            let at = 512 + 4 * g;
+            let recorded = f32::from_le_bytes(q[at..at + 4].try_into().unwrap());
+            let group = 16 * g..16 * g + 16;
+            let expected =
+                b.d_hi * sum(&b.hi[group.clone()]) as f32 + b.d_lo * sum(&b.lo[group]) as f32;
+            assert_eq!(recorded, expected, "{isa} group {g}");
         }
     }
 }

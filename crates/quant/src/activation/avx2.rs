@@ -120,12 +120,13 @@ pub(super) fn quantize_split256(x: &[f32], dst: &mut [u8]) {
     for (x, block) in x.as_chunks::<256>().0.iter().zip(blocks) {
         let groups = x.as_chunks::<32>().0;
         let Split { d, sums } = split::<8>(array(groups, 0), block, hi.values, lo.values);
-        for ((part, d), sums) in [hi, lo].into_iter().zip(d).zip(sums) {
-            for (i, sum) in sums.as_flattened().iter().enumerate() {
-                // 16 values of at most 127 in magnitude: the sum fits an i16.
-                *array_mut(block, part.sums + 2 * i) = (*sum as i16).to_le_bytes();
-            }
-            *array_mut(block, part.d) = d.to_le_bytes();
+        *array_mut(block, hi.d) = d[0].to_le_bytes();
+        *array_mut(block, lo.d) = d[1].to_le_bytes();
+        let [sums_hi, sums_lo] = &sums;
+        let groups = sums_hi.as_flattened().iter().zip(sums_lo.as_flattened());
+        for (g, (&sum_hi, &sum_lo)) in groups.enumerate() {
+            let sum = block_sum(d[0], sum_hi, d[1], sum_lo);
+            *array_mut(block, split256::SUMS + 4 * g) = sum.to_le_bytes();
         }
     }
 }

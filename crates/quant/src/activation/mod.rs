@@ -16,7 +16,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 
-use crate::bytes::{f32_at, i16_at};
+use crate::bytes::f32_at;
 use crate::isa::Isa;
 
 /// How the activations of a matmul are quantized for a weight format.
@@ -30,8 +30,8 @@ use crate::isa::Isa;
 ///   (`f32`), `d_lo` (`f32`), then `d_hi * sum(hi) + d_lo * sum(lo)` (`f32`); element `i` is
 ///   `d_hi * hi[i] + d_lo * lo[i]`. The sum lets formats with an offset or a minimum fold it in
 ///   once per block.
-/// - `SplitQ8Block256` (584 bytes): the 256 high values, the 256 low values, the 16 sums of 16
-///   consecutive high values (`i16`), the 16 sums of 16 low values, `d_hi`, then `d_lo`.
+/// - `SplitQ8Block256` (584 bytes): the 256 high values, the 256 low values, for each 16
+///   consecutive elements `d_hi * sum(hi) + d_lo * sum(lo)` (16 `f32`), `d_hi`, then `d_lo`.
 ///
 /// All multi-byte fields are little-endian.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,7 +41,7 @@ pub enum ActivationFormat {
     /// 32-element blocks in two `i8` parts with their scales and a sum, for the legacy block
     /// formats.
     SplitQ8Block32,
-    /// 256-element blocks in two `i8` parts with their scales and 16-element sums, for the
+    /// 256-element blocks in two `i8` parts with their scales and sums of 16 elements, for the
     /// K-quants and IQ4_XS.
     SplitQ8Block256,
 }
@@ -73,8 +73,6 @@ pub(crate) mod split32 {
 pub(crate) struct Part256 {
     /// Offset of the 256 `i8` values.
     pub(crate) values: usize,
-    /// Offset of the 16 `i16` sums of 16 values.
-    pub(crate) sums: usize,
     /// Offset of the `f32` scale.
     pub(crate) d: usize,
 }
@@ -87,17 +85,15 @@ pub(crate) mod split256 {
     pub(crate) const BYTES: usize = 584;
     /// The high part, then the low part.
     pub(crate) const PARTS: [Part256; 2] = [
-        Part256 {
-            values: 0,
-            sums: 512,
-            d: 576,
-        },
+        Part256 { values: 0, d: 576 },
         Part256 {
             values: 256,
-            sums: 544,
             d: 580,
         },
     ];
+    /// Offset of the 16 `f32` sums of 16 elements, `d_hi * sum(hi) + d_lo * sum(lo)`: the
+    /// formats with minimums or offsets fold them in with these.
+    pub(crate) const SUMS: usize = 512;
 }
 
 /// Quantizes one row; the caller has checked the lengths and that the CPU has the ISA the
@@ -196,9 +192,9 @@ fn dequantize_split(
     }
 }
 
-/// The 16 sums of 16 values of one part of a [`ActivationFormat::SplitQ8Block256`] block.
-pub(crate) fn sums_of_16(block: &[u8], part: Part256) -> [i32; 16] {
-    std::array::from_fn(|i| i32::from(i16_at(block, part.sums + 2 * i)))
+/// The 16 sums of 16 elements of a [`ActivationFormat::SplitQ8Block256`] block.
+pub(crate) fn sums_of_16(block: &[u8]) -> [f32; 16] {
+    std::array::from_fn(|i| f32_at(block, split256::SUMS + 4 * i))
 }
 
 /// Blocks (or residuals) whose largest magnitude is below this quantize to zero: their scale
@@ -253,7 +249,8 @@ fn sum(values: &[u8]) -> i32 {
     values.iter().map(|&v| i32::from(v as i8)).sum()
 }
 
-/// `d_hi * sum(hi) + d_lo * sum(lo)`, as every quantizer computes it.
+/// `d_hi * sum(hi) + d_lo * sum(lo)` of a block or of 16 elements, as every quantizer computes
+/// it.
 #[inline]
 pub(crate) fn block_sum(d_hi: f32, sum_hi: i32, d_lo: f32, sum_lo: i32) -> f32 {
     d_hi * sum_hi as f32 + d_lo * sum_lo as f32
@@ -280,17 +277,12 @@ fn quantize_split256(x: &[f32], dst: &mut [u8]) {
         let [hi_at, lo_at] = split256::PARTS;
         for (part, values, d) in [(hi_at, &hi, d_hi), (lo_at, &lo, d_lo)] {
             block[part.values..part.values + 256].copy_from_slice(values);
-            let sums = &mut block[part.sums..part.sums + 32];
-            for (sum_bytes, group) in sums
-                .as_chunks_mut::<2>()
-                .0
-                .iter_mut()
-                .zip(values.chunks(16))
-            {
-                // 16 values of at most 127 in magnitude: the sum fits an i16.
-                *sum_bytes = (sum(group) as i16).to_le_bytes();
-            }
             block[part.d..part.d + 4].copy_from_slice(&d.to_le_bytes());
+        }
+        let sums = &mut block[split256::SUMS..split256::SUMS + 64];
+        let groups = hi.chunks(16).zip(lo.chunks(16));
+        for (sum_bytes, (hi, lo)) in sums.as_chunks_mut::<4>().0.iter_mut().zip(groups) {
+            *sum_bytes = block_sum(d_hi, sum(hi), d_lo, sum(lo)).to_le_bytes();
         }
     }
 }

@@ -1,6 +1,7 @@
 //! AVX2 dot products of the K-quants with SplitQ8Block256 activations.
 //!
-//! Values are unsigned (Q6_K's offset of 32 is folded in through the activation sums), so
+//! Values are unsigned (Q6_K's offset of 32 is folded in, as the minimums of Q4_K and Q5_K are,
+//! through the activations' `f32` sums of 16 elements), so
 //! `maddubs` multiplies them with the activations directly, and `madd` then applies the
 //! sub-block scales while widening to `i32`. Each weight block is unpacked once and multiplied
 //! with both parts of each activation row, into one `i32` sum per part; the parts' scales are
@@ -10,7 +11,9 @@ use std::arch::x86_64::*;
 
 use crate::activation::split256;
 use crate::bytes::f32_at;
-use crate::simd::{array, f16_at, load128, load256, prefetch_ahead, store256, sum_f32x8};
+use crate::simd::{
+    array, f16_at, load_f32x8, load128, load256, prefetch_ahead, store256, sum_f32x8,
+};
 
 /// Blocks whose scales are unpacked, in a first pass, before their products are taken.
 const BATCH: usize = 8;
@@ -96,14 +99,16 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
         for ((i, w), scales) in weights.iter().enumerate().zip(&mut scales) {
             let (scale_pairs, min_pairs) = scale_and_min_pairs(w);
             store256(scales, scale_pairs);
+            // Times -dmin, each minimum twice: once for each 16-element sum of its sub-block.
             let dmin = _mm256_set1_ps(-f16_at(w, 2));
+            let low = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(min_pairs));
+            let high = _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(min_pairs));
+            let mins_low = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(low));
+            let mins_high = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(high));
             for (acc, row) in acc.iter_mut().zip(&rows) {
-                let a = &row[first + i];
-                for part in split256::PARTS {
-                    let mins = _mm256_madd_epi16(load256(array(a, part.sums)), min_pairs);
-                    let min_scale = _mm256_mul_ps(dmin, _mm256_set1_ps(f32_at(a, part.d)));
-                    *acc = _mm256_fmadd_ps(min_scale, _mm256_cvtepi32_ps(mins), *acc);
-                }
+                let sums = array::<_, 64>(&row[first + i], split256::SUMS);
+                *acc = _mm256_fmadd_ps(mins_low, load_f32x8(array(sums, 0)), *acc);
+                *acc = _mm256_fmadd_ps(mins_high, load_f32x8(array(sums, 32)), *acc);
             }
         }
         for ((i, w), scales) in weights.iter().enumerate().zip(&scales) {
@@ -219,15 +224,23 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
     let pair_masks = std::hint::black_box(&Q6_K_SCALE_PAIRS);
     for (i, w) in weights.iter().enumerate() {
         prefetch_ahead(w);
-        let scales_i8 = _mm256_cvtepi8_epi16(load128(array(w, 192)));
-        // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g), per part.
-        let mut sums = [[_mm256_setzero_si256(); 2]; R];
-        for (sums, row) in sums.iter_mut().zip(&rows) {
-            for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
-                let offset = _mm256_madd_epi16(load256(array(&row[i], part.sums)), scales_i8);
-                *sum = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(offset, 5));
-            }
+        let d = f16_at(w, 208);
+        // The offset of 32: -32 * d * sum_g scale[g] * (activation sum of group g).
+        let offset_scale = _mm256_set1_ps(-32.0 * d);
+        let group_scales = |at: usize| {
+            let scales = _mm_set1_epi64x(i64::from_le_bytes(*array(w, at)));
+            _mm256_mul_ps(
+                offset_scale,
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scales)),
+            )
+        };
+        let (offsets_low, offsets_high) = (group_scales(192), group_scales(200));
+        for (acc, row) in acc.iter_mut().zip(&rows) {
+            let sums = array::<_, 64>(&row[i], split256::SUMS);
+            *acc = _mm256_fmadd_ps(offsets_low, load_f32x8(array(sums, 0)), *acc);
+            *acc = _mm256_fmadd_ps(offsets_high, load_f32x8(array(sums, 32)), *acc);
         }
+        let mut sums = [[_mm256_setzero_si256(); 2]; R];
         // Scales 0..8 and 8..16 as i16, each set repeated in both lanes.
         let scale_halves = [192, 200]
             .map(|at| _mm256_cvtepi8_epi16(_mm_set1_epi64x(i64::from_le_bytes(*array(w, at)))));
@@ -265,7 +278,7 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
                 }
             }
         }
-        let d = _mm256_set1_ps(f16_at(w, 208));
+        let d = _mm256_set1_ps(d);
         for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
             for (sum, part) in sums.into_iter().zip(split256::PARTS) {
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[i], part.d)));

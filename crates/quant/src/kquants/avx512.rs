@@ -7,7 +7,9 @@ use std::arch::x86_64::*;
 
 use crate::activation::split256;
 use crate::bytes::f32_at;
-use crate::simd::{array, dpwssd512, f16_at, load128, load256, load512, prefetch_ahead, sum_f32x8};
+use crate::simd::{
+    array, dpwssd512, f16_at, load128, load256, load512, prefetch_ahead, sum_f32x16,
+};
 
 /// `(a & 0x0f) | b`, for `b` without bits in the low nibble.
 #[target_feature(enable = "avx512f")]
@@ -48,10 +50,21 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
             1,
         )
     });
-    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc = [_mm512_setzero_ps(); R];
     for (i, w) in weights.iter().enumerate() {
         prefetch_ahead(w);
-        let scales = _mm256_cvtepi8_epi16(load128(array(w, 192)));
+        let d = f16_at(w, 208);
+        let scales_i8 = load128(array(w, 192));
+        // The offset of 32: -32 * d * sum_g scale[g] * (activation sum of group g).
+        let offsets = _mm512_mul_ps(
+            _mm512_set1_ps(-32.0 * d),
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scales_i8)),
+        );
+        for (acc, row) in acc.iter_mut().zip(&rows) {
+            let sums = load512(array(&row[i], split256::SUMS));
+            *acc = _mm512_fmadd_ps(offsets, _mm512_castsi512_ps(sums), *acc);
+        }
+        let scales = _mm256_cvtepi8_epi16(scales_i8);
         // One accumulator per row and part: two chains of VNNI's multiply-adds, which take 5
         // cycles each, per row.
         let mut sums = [[_mm512_setzero_si512(); 2]; R];
@@ -80,21 +93,13 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
                 }
             }
         }
-        let d = _mm256_set1_ps(f16_at(w, 208));
+        let d = _mm512_set1_ps(d);
         for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
-            let a = &row[i];
             for (sum, part) in sums.into_iter().zip(split256::PARTS) {
-                // The offset of 32: 32 * sum_g scale[g] * (activation sum of group g).
-                let offset = _mm256_madd_epi16(load256(array(a, part.sums)), scales);
-                let sum = _mm256_add_epi32(
-                    _mm512_castsi512_si256(sum),
-                    _mm512_extracti64x4_epi64(sum, 1),
-                );
-                let sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(offset, 5));
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(a, part.d)));
-                *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(f32_at(&row[i], part.d)));
+                *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), *acc);
             }
         }
     }
-    acc.map(|acc| sum_f32x8(acc))
+    acc.map(|acc| sum_f32x16(acc))
 }

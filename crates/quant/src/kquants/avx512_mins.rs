@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use super::avx2::scale_and_min_pairs;
 use crate::activation::split256;
 use crate::bytes::f32_at;
-use crate::simd::{array, dpwssd512, f16_at, load256, load512, prefetch_ahead, sum_f32x8};
+use crate::simd::{array, dpwssd512, f16_at, load256, load512, prefetch_ahead, sum_f32x16};
 
 /// The shared body of Q4_K and Q5_K, for one weight row and `R` activation rows: `fifth_bits(w)`
 /// gives, per chunk of nibbles, the 16s to add to its values (zero for Q4_K).
@@ -39,10 +39,19 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
         )
     });
     let mut acc = [_mm512_setzero_ps(); R];
-    let mut min_acc = [_mm256_setzero_ps(); R];
     for (i, w) in weights.iter().enumerate() {
         prefetch_ahead(w);
         let (scale_pairs, min_pairs) = scale_and_min_pairs(w);
+        let (d, dmin) = (f16_at(w, 0), f16_at(w, 2));
+        // Times -dmin, each minimum twice: once for each 16-element sum of its sub-block.
+        let mins = _mm512_mul_ps(
+            _mm512_set1_ps(-dmin),
+            _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(min_pairs)),
+        );
+        for (acc, row) in acc.iter_mut().zip(&rows) {
+            let sums = load512(array(&row[i], split256::SUMS));
+            *acc = _mm512_fmadd_ps(mins, _mm512_castsi512_ps(sums), *acc);
+        }
         let scale_pairs = _mm512_castsi256_si512(scale_pairs);
         let high = fifth_bits(w);
         let mut sums = [[_mm512_setzero_si512(); 2]; R];
@@ -62,28 +71,15 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
                 }
             }
         }
-        let (d, dmin) = (f16_at(w, 0), f16_at(w, 2));
-        let rows_and_sums = rows.iter().zip(sums);
-        for ((acc, min_acc), (row, sums)) in acc.iter_mut().zip(&mut min_acc).zip(rows_and_sums) {
-            let a = &row[i];
+        let d = _mm512_set1_ps(d);
+        for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
             for (sum, part) in sums.into_iter().zip(split256::PARTS) {
-                let d_x = f32_at(a, part.d);
-                let scale = _mm512_set1_ps(d * d_x);
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(f32_at(&row[i], part.d)));
                 *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), *acc);
-                let mins = _mm256_madd_epi16(load256(array(a, part.sums)), min_pairs);
-                let min_scale = _mm256_set1_ps(-dmin * d_x);
-                *min_acc = _mm256_fmadd_ps(min_scale, _mm256_cvtepi32_ps(mins), *min_acc);
             }
         }
     }
-    std::array::from_fn(|r| {
-        let acc = acc[r];
-        let halves = _mm256_add_ps(
-            _mm512_castps512_ps256(acc),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)),
-        );
-        sum_f32x8(_mm256_add_ps(halves, min_acc[r]))
-    })
+    acc.map(|acc| sum_f32x16(acc))
 }
 
 /// 16 in each byte of Q5_K's values whose fifth bit is set, per chunk of nibbles: bit `s` of

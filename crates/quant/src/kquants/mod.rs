@@ -106,18 +106,19 @@ fn dot_with_mins(
         let b = unpack(block);
         for part in split256::PARTS {
             let x = &a[part.values..part.values + 256];
-            let sums = sums_of_16(a, part);
             let mut products = 0;
-            let mut mins = 0;
             for s in 0..8 {
                 let sub = b.values[32 * s..32 * s + 32].iter().zip(&x[32 * s..]);
                 let sub: i32 = sub.map(|(&w, &x)| i32::from(w) * i32::from(x as i8)).sum();
                 products += i32::from(b.scales[s]) * sub;
-                mins += i32::from(b.mins[s]) * (sums[2 * s] + sums[2 * s + 1]);
             }
-            let d = f32_at(a, part.d);
-            sum += b.d * d * products as f32 - b.dmin * d * mins as f32;
+            sum += b.d * f32_at(a, part.d) * products as f32;
         }
+        let sums = sums_of_16(a);
+        let mins: f32 = (0..8)
+            .map(|s| f32::from(b.mins[s]) * (sums[2 * s] + sums[2 * s + 1]))
+            .sum();
+        sum -= b.dmin * mins;
     }
     sum
 }

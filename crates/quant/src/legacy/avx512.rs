@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 
 use super::avx2::{Bias, GROUP, activation_field, groups, weight_scales};
 use crate::activation::split32;
-use crate::simd::{array, load128, load256, load512, prefetch_ahead, sum_f32x8};
+use crate::simd::{array, load128, load256, load512, prefetch_ahead, sum_f32x8, sum_f32x16};
 
 // One 64-byte load takes both parts of a block.
 const _: () = assert!(split32::PARTS[0].values == 0 && split32::PARTS[1].values == 32);
@@ -93,11 +93,7 @@ fn dot_blocks<const BYTES: usize>(
         let activation_sum = activation_field(x, split32::SUM);
         bias_acc = _mm256_fmadd_ps(weight_bias, activation_sum, bias_acc);
     }
-    let halves = _mm256_add_ps(
-        _mm512_castps512_ps256(acc),
-        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)),
-    );
-    sum_f32x8(_mm256_add_ps(halves, bias_acc))
+    sum_f32x16(acc) + sum_f32x8(bias_acc)
 }
 
 /// The 32 nibbles of 16 bytes, in both halves: the low ones are elements 0..16, the high ones
