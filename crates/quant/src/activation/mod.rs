@@ -1,14 +1,5 @@
 //! The formats activations are quantized to before a matmul, and their scalar quantizers.
 //!
-//! The integer formats quantize each block in two parts. The high part is the usual symmetric
-//! 8-bit quantization: `hi = round(x / d_hi)` with `d_hi = amax(x) / 127`. The low part
-//! quantizes what the high part leaves, `r = x - d_hi * hi`, the same way: `lo = round(r / d_lo)`
-//! with `d_lo = amax(r) / 127`. An element is `d_hi * hi + d_lo * lo`, within `d_lo / 2` of `x`
-//! (about `amax / 64516`, where one part alone is within `amax / 254`): a dot product then
-//! carries the weights' rounding, not the activations'. The kernels unpack each weight block
-//! once and multiply it with both parts. A part whose largest magnitude is below
-//! `127 * f32::MIN_POSITIVE` (about 1.5e-36) is quantized to zero.
-//!
 //! Every quantizer computes the scales with [`scale_of`], rounds half to even and takes the
 //! residual as an `f32` multiply then subtract (no fused multiply-add), so every ISA's quantizer
 //! produces the same bytes.
@@ -21,11 +12,20 @@ use crate::isa::Isa;
 
 /// How the activations of a matmul are quantized for a weight format.
 ///
-/// A row of `n` activations takes [`row_bytes(n)`](Self::row_bytes) bytes, made of
-/// `n / block_len()` blocks of [`block_bytes()`](Self::block_bytes) each (the module
-/// documentation of the crate's `activation` module describes the two parts):
+/// The integer formats quantize each block in two parts. The high part is the usual symmetric
+/// 8-bit quantization: `hi = round(x / d_hi)` with `d_hi = amax(x) / 127`. The low part
+/// quantizes what the high part leaves, `r = x - d_hi * hi`, the same way: `lo = round(r / d_lo)`
+/// with `d_lo = amax(r) / 127`. An element is `d_hi * hi + d_lo * lo`, within `d_lo / 2` of `x`
+/// (about `amax / 64516`, where the high part alone is within `amax / 254`): a dot product then
+/// carries the weights' rounding, not the activations'. The kernels unpack each weight block
+/// once and multiply it with both parts. A part whose largest magnitude is below
+/// `127 * f32::MIN_POSITIVE` (about 1.5e-36) is quantized to zero. Rounding is half to even, and
+/// every instruction-set level's quantizer produces the same bytes.
 ///
-/// - `F32`: each element as a little-endian `f32`.
+/// A row of `n` activations takes [`row_bytes(n)`](Self::row_bytes) bytes, made of
+/// `n / block_len()` blocks of [`block_bytes()`](Self::block_bytes) each:
+///
+/// - `F32`: each element as an `f32`.
 /// - `SplitQ8Block32` (76 bytes): the 32 high values (`i8`), the 32 low values (`i8`), `d_hi`
 ///   (`f32`), `d_lo` (`f32`), then `d_hi * sum(hi) + d_lo * sum(lo)` (`f32`); element `i` is
 ///   `d_hi * hi[i] + d_lo * lo[i]`. The sum lets formats with an offset or a minimum fold it in
