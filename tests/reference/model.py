@@ -266,8 +266,19 @@ class Linear:
         return y if self.bias is None else y + self.bias
 
 
-def layer_forward(model: GgufModel, il: int, hidden: list[np.ndarray]) -> list[np.ndarray]:
-    """One transformer block applied to every sequence's hidden states [T, n_embd]."""
+KV_CACHE_DTYPES = {"f64": np.float64, "f16": np.float16}
+
+
+def layer_forward(
+    model: GgufModel, il: int, hidden: list[np.ndarray], kv_cache: str = "f64"
+) -> list[np.ndarray]:
+    """One transformer block applied to every sequence's hidden states [T, n_embd].
+
+    `kv_cache` is the precision K and V are stored in before attention reads them: "f64" keeps
+    them exact; "f16" rounds them as an f16 KV cache (llama.cpp's default, and Lucebox's) does,
+    so that a comparison measures the computation rather than the cache's storage precision.
+    """
+    stored = KV_CACHE_DTYPES[kv_cache]
     hp = model.hp
     b = f"blk.{il}"
     attn_norm = model.weight(f"{b}.attn_norm.weight")
@@ -291,6 +302,8 @@ def layer_forward(model: GgufModel, il: int, hidden: list[np.ndarray]) -> list[n
             k = rms_norm(k, k_norm, hp.rms_eps)
         q = rope(q, positions, hp)
         k = rope(k, positions, hp)
+        k = k.astype(stored).astype(np.float64)
+        v = v.astype(stored).astype(np.float64)
         x = x + wo(causal_attention(q, k, v, hp))
         h = rms_norm(x, ffn_norm, hp.rms_eps)
         x = x + down(silu(gate(h)) * up(h))
@@ -316,8 +329,11 @@ def output_logits(model: GgufModel, hidden: list[np.ndarray]) -> list[np.ndarray
     return [logits[bounds[i] : bounds[i + 1]] for i in range(len(hidden))]
 
 
-def forward(model: GgufModel, sequences: list[list[int]]) -> list[np.ndarray]:
-    """Logits [n_tokens, vocab] (float64) at every position of every sequence."""
+def forward(model: GgufModel, sequences: list[list[int]], kv_cache: str = "f64") -> list[np.ndarray]:
+    """Logits [n_tokens, vocab] (float64) at every position of every sequence; `kv_cache` as in
+    `layer_forward`."""
+    if kv_cache not in KV_CACHE_DTYPES:
+        raise ModelError(f"kv cache precision {kv_cache!r} is not one of {sorted(KV_CACHE_DTYPES)}")
     hp = model.hp
     for i, seq in enumerate(sequences):
         if len(seq) == 0:
@@ -329,7 +345,7 @@ def forward(model: GgufModel, sequences: list[list[int]]) -> list[np.ndarray]:
     started = time.perf_counter()
     hidden = [model.rows("token_embd.weight", np.asarray(seq, dtype=np.int64)) for seq in sequences]
     for il in range(hp.n_layer):
-        hidden = layer_forward(model, il, hidden)
+        hidden = layer_forward(model, il, hidden, kv_cache)
     layers_done = time.perf_counter()
     logits = output_logits(model, hidden)
     done = time.perf_counter()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference logits for token sequences, computed in float64 from a GGUF model.
 
-    python tests/reference/reference.py --model PATH --input IN.json --out DIR
+    python tests/reference/reference.py --model PATH --input IN.json --out DIR [--kv-cache f64|f16]
 
 IN.json is {"sequences": [[token ids...], ...]}. For each sequence i this writes
 DIR/logits-<i>.f32 (little-endian float32, row-major [n_tokens, vocab]: the logits at every
@@ -61,6 +61,12 @@ def main() -> int:
     parser.add_argument("--model", required=True, type=Path, help="GGUF model file")
     parser.add_argument("--input", required=True, type=Path, help='JSON file {"sequences": [[ids...], ...]}')
     parser.add_argument("--out", required=True, type=Path, help="output directory (created if missing)")
+    parser.add_argument(
+        "--kv-cache",
+        choices=["f64", "f16"],
+        default="f64",
+        help="precision K and V are stored in: f64 (exact, default) or f16 (as an f16 KV cache rounds them)",
+    )
     args = parser.parse_args()
 
     try:
@@ -68,7 +74,7 @@ def main() -> int:
         sequences = read_sequences(args.input)
         model = GgufModel(str(args.model))
         log(f"opened {args.model} in {time.perf_counter() - started:.1f} s")
-        all_logits = forward(model, sequences)
+        all_logits = forward(model, sequences, args.kv_cache)
     except (ModelError, OSError, ValueError) as err:
         print(f"reference: error: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,11 @@
 //! The CPU engine's logits against the independent float64 NumPy reference
 //! (tests/reference/reference.py), on real models.
 //!
+//! The reference stores K and V in f16 before attention reads them (`--kv-cache f16`), as the
+//! engine's f16 KV cache does, and computes everything else in float64: the comparison then
+//! measures the engine's computation, not the storage precision the cache is specified with.
+//! README.md also gives the errors against a reference with an exact cache.
+//!
 //! For each prompt the engine first generates a greedy continuation one token at a time (the
 //! decode path). Then prompt + continuation go through one multi-token forward pass (the prefill
 //! path) and through the reference. At every position the logits must agree to a relative L2
@@ -48,6 +53,7 @@ fn run_reference(model: &Path, sequences: &[Vec<u32>], dir: &Path) -> Reference 
         .arg(&input)
         .arg("--out")
         .arg(dir)
+        .args(["--kv-cache", "f16"])
         .status()
         .expect("python runs (set LUCEBOX_PYTHON to a venv with tests/requirements.txt)");
     assert!(status.success(), "reference.py failed: {status}");
