@@ -4,6 +4,21 @@ use lucebox_gguf::GgufFile;
 
 use crate::{Error, RaggedBatch};
 
+/// The index of the largest value: the first one on ties, and NaN never wins (0 for a row of
+/// NaNs). Every backend's [`Backend::argmax_rows`] gives exactly this, so that greedy decoding
+/// picks the same token whether it runs on the device or on the host.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if v > best_value {
+            best = i;
+            best_value = v;
+        }
+    }
+    best as u32
+}
+
 /// How rotary position embeddings pair up the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -208,6 +223,15 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Copies `rows` rows to the host; `out.len()` must be `rows * cols`.
     fn read_rows(&self, x: &Self::Activations, rows: usize, out: &mut [f32]) -> Result<(), Error>;
-    /// The index of the largest value of each of `out.len()` rows (the first, on ties).
+    /// The [`argmax`] of each of `out.len()` rows.
     fn argmax_rows(&self, x: &Self::Activations, out: &mut [u32]) -> Result<(), Error>;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn argmax_takes_the_first_maximum_and_never_nan() {
+        assert_eq!(super::argmax(&[1.0, f32::NAN, 3.0, 3.0]), 2);
+        assert_eq!(super::argmax(&[f32::NAN, f32::NAN]), 0);
+    }
 }

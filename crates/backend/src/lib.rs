@@ -19,7 +19,7 @@ mod batch;
 mod cpu;
 mod error;
 
-pub use backend::{AttentionShape, Backend, BatchCapacity, KvLayout, Rope, RopeStyle};
+pub use backend::{AttentionShape, Backend, BatchCapacity, KvLayout, Rope, RopeStyle, argmax};
 pub use batch::RaggedBatch;
 pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};
 pub use error::Error;

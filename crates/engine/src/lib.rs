@@ -32,5 +32,5 @@ mod session;
 pub use error::Error;
 pub use kv::{BlockPool, SequenceBlocks};
 pub use rng::Rng;
-pub use sampling::{Distribution, MAX_PENALTY_WINDOW, Sampler, SamplingParams, argmax};
+pub use sampling::{Distribution, MAX_PENALTY_WINDOW, Sampler, SamplingParams};
 pub use session::{GenerationStats, Session, SessionConfig, StopReason};

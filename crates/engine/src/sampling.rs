@@ -5,6 +5,8 @@
 //! [`Rng`] gives the token. Speculative decoding computes the same distribution for target and
 //! drafter, which is what makes its sampling exact.
 
+use lucebox_backend::argmax;
+
 use crate::{Error, Rng};
 
 /// How a sequence chooses its tokens.
@@ -308,19 +310,6 @@ fn keep_top_p(
         }
         window = (window * 4).min(c.len());
     }
-}
-
-/// The index of the largest logit; the first on ties. NaN never wins.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
-        }
-    }
-    best as u32
 }
 
 #[cfg(test)]

@@ -153,7 +153,7 @@ fn check_model(name: &str, prompts: &[&str], continuation: usize) {
                 error <= MAX_RELATIVE_L2,
                 "{name} prompt {s} position {pos}: relative L2 error {error:.2e}"
             );
-            let our_argmax = lucebox_engine::argmax(&ours[row]);
+            let our_argmax = lucebox_backend::argmax(&ours[row]);
             assert_eq!(
                 our_argmax, reference.argmax[s][pos],
                 "{name} prompt {s} position {pos}: argmax differs (reference margin {:.3e})",

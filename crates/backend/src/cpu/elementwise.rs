@@ -77,19 +77,6 @@ pub(super) fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// The index of the largest value; the first one on ties. NaN never wins.
-pub(super) fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in row.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
-        }
-    }
-    best
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,10 +108,5 @@ mod tests {
         let mut out = vec![0.0; 37];
         rms_norm(&x, &[1.0; 37], 0.0, &mut out);
         assert!((mean_square(&out) - 1.0).abs() < 1e-5);
-    }
-
-    #[test]
-    fn argmax_takes_first_maximum_and_skips_nan() {
-        assert_eq!(argmax(&[1.0, f32::NAN, 3.0, 3.0]), 2);
     }
 }

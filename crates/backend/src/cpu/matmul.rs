@@ -39,23 +39,27 @@ pub(super) fn matmul(
     let quantized = &*quantized;
     let weights = matrix.bytes();
     let out = DisjointMut::new(out);
-    pool.for_each(n, weight_rows_per_claim(n, rows, pool.threads()), &|weight_rows| {
-        let mut dots = [0f32; ACTIVATION_TILE];
-        for first in (0..rows).step_by(ACTIVATION_TILE) {
-            let tile = ACTIVATION_TILE.min(rows - first);
-            let activations = &quantized[first * act_bytes..(first + tile) * act_bytes];
-            for j in weight_rows.clone() {
-                format.dot_rows(matrix.row(weights, j), activations, &mut dots[..tile]);
-                let b = bias.map_or(0.0, |b| b[j]);
-                for (i, &dot) in dots[..tile].iter().enumerate() {
-                    let at = (first + i) * n + j;
-                    // SAFETY: this claim owns output column j of every row; claims are disjoint.
-                    let cell = unsafe { out.slice(at..at + 1) };
-                    cell[0] = dot + b;
+    pool.for_each(
+        n,
+        weight_rows_per_claim(n, rows, pool.threads()),
+        &|weight_rows| {
+            let mut dots = [0f32; ACTIVATION_TILE];
+            for first in (0..rows).step_by(ACTIVATION_TILE) {
+                let tile = ACTIVATION_TILE.min(rows - first);
+                let activations = &quantized[first * act_bytes..(first + tile) * act_bytes];
+                for j in weight_rows.clone() {
+                    format.dot_rows(matrix.row(weights, j), activations, &mut dots[..tile]);
+                    let b = bias.map_or(0.0, |b| b[j]);
+                    for (i, &dot) in dots[..tile].iter().enumerate() {
+                        let at = (first + i) * n + j;
+                        // SAFETY: this claim owns output column j of every row; claims are disjoint.
+                        let cell = unsafe { out.slice(at..at + 1) };
+                        cell[0] = dot + b;
+                    }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 /// How many weight rows a thread claims at a time. Decoding streams the weights from memory once:

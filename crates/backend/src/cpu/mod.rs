@@ -10,7 +10,7 @@ mod pool;
 use std::sync::{Arc, Mutex};
 
 use half::f16;
-use lucebox_gguf::GgufFile;
+use lucebox_gguf::{GgufFile, TensorView};
 use lucebox_quant::{Isa, WeightFormat};
 
 use crate::{
@@ -67,6 +67,30 @@ impl CpuBackend {
     /// The number of threads that run each operation.
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// The tensor `name` of `file`, checked to have `N` dims (ggml order), with its kernels.
+    fn tensor<'a, const N: usize>(
+        &self,
+        op: &'static str,
+        file: &'a GgufFile,
+        name: &str,
+    ) -> Result<(TensorView<'a>, [usize; N], WeightFormat), Error> {
+        let view = file.tensor(name).ok_or_else(|| Error::Shape {
+            op,
+            detail: format!("tensor {name} is missing"),
+        })?;
+        let dims: [u64; N] = view.dims().try_into().map_err(|_| Error::Shape {
+            op,
+            detail: format!("tensor {name} has dims {:?}, expected {N}", view.dims()),
+        })?;
+        let format =
+            WeightFormat::new(view.ggml_type(), self.isa).map_err(|_| Error::UnsupportedType {
+                tensor: name.to_owned(),
+                ty: view.ggml_type(),
+                backend: NAME,
+            })?;
+        Ok((view, dims.map(|d| d as usize), format))
     }
 }
 
@@ -166,52 +190,20 @@ impl Backend for CpuBackend {
     }
 
     fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuMatrix, Error> {
-        let view = file.tensor(name).ok_or_else(|| Error::Shape {
-            op: "load_matrix",
-            detail: format!("tensor {name} is missing"),
-        })?;
-        let &[cols, rows] = view.dims() else {
-            return Err(Error::Shape {
-                op: "load_matrix",
-                detail: format!("tensor {name} has dims {:?}, expected 2", view.dims()),
-            });
-        };
-        let format =
-            WeightFormat::new(view.ggml_type(), self.isa).map_err(|_| Error::UnsupportedType {
-                tensor: name.to_owned(),
-                ty: view.ggml_type(),
-                backend: NAME,
-            })?;
-        let (rows, cols) = (rows as usize, cols as usize);
-        let row_bytes = view.data().len() / rows;
+        let (view, [cols, rows], format) = self.tensor("load_matrix", file, name)?;
         Ok(CpuMatrix {
             file: Arc::clone(file),
             name: name.to_owned(),
             format,
             rows,
             cols,
-            row_bytes,
+            row_bytes: view.data().len() / rows,
         })
     }
 
     fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuVector, Error> {
-        let view = file.tensor(name).ok_or_else(|| Error::Shape {
-            op: "load_vector",
-            detail: format!("tensor {name} is missing"),
-        })?;
-        let &[len] = view.dims() else {
-            return Err(Error::Shape {
-                op: "load_vector",
-                detail: format!("tensor {name} has dims {:?}, expected 1", view.dims()),
-            });
-        };
-        let format =
-            WeightFormat::new(view.ggml_type(), self.isa).map_err(|_| Error::UnsupportedType {
-                tensor: name.to_owned(),
-                ty: view.ggml_type(),
-                backend: NAME,
-            })?;
-        let mut values = vec![0.0; len as usize];
+        let (view, [len], format) = self.tensor("load_vector", file, name)?;
+        let mut values = vec![0.0; len];
         format.dequantize(view.data(), &mut values);
         Ok(CpuVector(values))
     }
@@ -542,7 +534,7 @@ impl Backend for CpuBackend {
     fn argmax_rows(&self, x: &CpuActivations, out: &mut [u32]) -> Result<(), Error> {
         check_rows("argmax_rows", out.len(), x)?;
         for (row, best) in x.rows(out.len()).chunks_exact(x.cols).zip(out.iter_mut()) {
-            *best = elementwise::argmax(row) as u32;
+            *best = crate::argmax(row);
         }
         Ok(())
     }
