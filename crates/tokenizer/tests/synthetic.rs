@@ -53,6 +53,21 @@ fn special_tokens_are_matched_whole() {
     assert_eq!(t.encode("<tool>hello", true), [tool, id(&t, b"hello")]);
 }
 
+/// Special tokens are split off the raw text before the qwen2 pre-tokenizer's NFC normalization,
+/// as Hugging Face does for added tokens that are not normalized: a combining mark after `<tool>`
+/// stays a mark and is not composed with the token's `>` into `≯` (found by the tokenizer_text
+/// fuzz target, whose expectation had normalized the whole text).
+#[test]
+fn special_tokens_are_split_off_before_normalization() {
+    let t = tokenizer(&byte_level());
+    let tool = t.token_id("<tool>").expect("user-defined token");
+    let ids = t.encode("<tool>\u{338}", false);
+    assert_eq!(ids[0], tool);
+    assert_eq!(t.decode(&ids, false), "<tool>\u{338}");
+    // Without the token in front, the same characters compose.
+    assert_eq!(t.decode(&t.encode("a>\u{338}", false), false), "a\u{226f}");
+}
+
 #[test]
 fn decoding_renders_control_tokens_only_when_asked() {
     let t = tokenizer(&byte_level());
