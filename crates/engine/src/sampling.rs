@@ -104,36 +104,40 @@ impl SamplingParams {
 /// order. Probabilities sum to 1.
 #[derive(Clone, Debug, Default)]
 pub struct Distribution {
-    tokens: Vec<u32>,
-    probs: Vec<f32>,
+    /// `(probability, token)`: while the distribution is being built, the candidates and their
+    /// scaled logits, so that the one buffer sized to the vocabulary serves both.
+    entries: Vec<(f32, u32)>,
 }
 
 impl Distribution {
     /// The surviving tokens and their probabilities.
     pub fn iter(&self) -> impl Iterator<Item = (u32, f32)> + '_ {
-        self.tokens.iter().copied().zip(self.probs.iter().copied())
+        self.entries.iter().map(|&(p, t)| (t, p))
     }
 
     /// The probability of `token` (0 when it did not survive).
     pub fn prob(&self, token: u32) -> f32 {
-        self.tokens
+        self.entries
             .iter()
-            .position(|&t| t == token)
-            .map_or(0.0, |i| self.probs[i])
+            .find(|&&(_, t)| t == token)
+            .map_or(0.0, |&(p, _)| p)
     }
 
     /// Draws a token with one uniform number from `rng`.
     pub fn draw(&self, rng: &mut Rng) -> u32 {
         let u = rng.next_f64();
         let mut cumulative = 0.0f64;
-        for (&t, &p) in self.tokens.iter().zip(&self.probs) {
+        for &(p, t) in &self.entries {
             cumulative += f64::from(p);
             if u < cumulative {
                 return t;
             }
         }
         // Rounding can leave the sum a hair under 1: the last token takes the remainder.
-        *self.tokens.last().expect("a distribution is never empty")
+        self.entries
+            .last()
+            .expect("a distribution is never empty")
+            .1
     }
 }
 
@@ -145,7 +149,6 @@ pub struct Sampler {
     rng: Rng,
     seed: u64,
     window: Vec<u32>,
-    candidates: Vec<(f32, u32)>,
     distribution: Distribution,
 }
 
@@ -170,7 +173,6 @@ impl Sampler {
             seed,
             params,
             window,
-            candidates: Vec::new(),
             distribution: Distribution::default(),
         }
     }
@@ -202,10 +204,8 @@ impl Sampler {
         self.apply_penalties(logits, history);
         if self.params.is_greedy() {
             let best = argmax(logits);
-            self.distribution.tokens.clear();
-            self.distribution.probs.clear();
-            self.distribution.tokens.push(best);
-            self.distribution.probs.push(1.0);
+            self.distribution.entries.clear();
+            self.distribution.entries.push((1.0, best));
         } else {
             self.build_distribution(logits);
         }
@@ -237,7 +237,7 @@ impl Sampler {
     fn build_distribution(&mut self, logits: &[f32]) {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
-        let c = &mut self.candidates;
+        let c = &mut self.distribution.entries;
         c.clear();
         c.extend(
             logits
@@ -273,12 +273,8 @@ impl Sampler {
             c.retain(|x| x.0 >= floor);
         }
         let total: f64 = c.iter().map(|x| f64::from(x.0)).sum();
-        let d = &mut self.distribution;
-        d.tokens.clear();
-        d.probs.clear();
-        for &(prob, token) in c.iter() {
-            d.tokens.push(token);
-            d.probs.push((f64::from(prob) / total) as f32);
+        for x in c.iter_mut() {
+            x.0 = (f64::from(x.0) / total) as f32;
         }
     }
 }

@@ -28,7 +28,7 @@ pub(super) fn matmul(
     let quantized = &mut quantized[..rows * act_bytes];
     {
         let dst = DisjointMut::new(quantized);
-        pool.for_each(rows, 1, &|range| {
+        pool.for_each(rows, 1, &|_, range| {
             for r in range {
                 // SAFETY: each activation row is quantized by exactly one range.
                 let row = unsafe { dst.slice(r * act_bytes..(r + 1) * act_bytes) };
@@ -42,7 +42,7 @@ pub(super) fn matmul(
     pool.for_each(
         n,
         weight_rows_per_claim(n, rows, pool.threads()),
-        &|weight_rows| {
+        &|_, weight_rows| {
             let mut dots = [0f32; ACTIVATION_TILE];
             for first in (0..rows).step_by(ACTIVATION_TILE) {
                 let tile = ACTIVATION_TILE.min(rows - first);

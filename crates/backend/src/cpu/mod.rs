@@ -28,6 +28,8 @@ pub struct CpuBackend {
     /// The quantized activations of the matmul in progress; grows to the largest matmul seen
     /// and is then reused, so steady-state decoding does not allocate.
     quantized: Mutex<Vec<u8>>,
+    /// Attention's per-thread working space, likewise grown once and reused.
+    attention_scratch: Mutex<attention::Scratch>,
 }
 
 impl CpuBackend {
@@ -56,6 +58,7 @@ impl CpuBackend {
             pool,
             isa,
             quantized: Mutex::new(Vec::new()),
+            attention_scratch: Mutex::new(Vec::new()),
         })
     }
 
@@ -464,8 +467,13 @@ impl Backend for CpuBackend {
             });
         }
         check_kv_positions(&batch.batch, &l)?;
+        let mut scratch = self
+            .attention_scratch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         attention::attention(
             &self.pool,
+            &mut scratch,
             q.rows(rows),
             &cache.k[layer],
             &cache.v[layer],

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 /// gap between the ops of one forward pass, short enough not to burn a core between requests.
 const SPIN: Duration = Duration::from_micros(200);
 
-type Job<'a> = dyn Fn(Range<usize>) + Sync + 'a;
+/// A loop body: called with the index of the thread running it (0 is the caller, workers are
+/// `1..threads`) and a range of items.
+type Job<'a> = dyn Fn(usize, Range<usize>) + Sync + 'a;
 
 struct Shared {
     /// Bumped by the caller for every new loop; workers run each generation once.
@@ -81,7 +83,7 @@ impl ThreadPool {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("lucebox-cpu-{i}"))
-                    .spawn(move || worker(&shared))
+                    .spawn(move || worker(&shared, i))
             })
             .collect::<Result<_, _>>()?;
         Ok(Self {
@@ -98,14 +100,15 @@ impl ThreadPool {
 
     /// Runs `f` over `0..len` split into ranges of `grain` items (the last may be shorter), on
     /// every thread, and returns when all ranges are done. Ranges are claimed dynamically, so
-    /// uneven work balances itself.
-    pub(crate) fn for_each(&self, len: usize, grain: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+    /// uneven work balances itself. `f` also gets the running thread's index, below
+    /// [`threads`](Self::threads), to pick per-thread scratch space.
+    pub(crate) fn for_each(&self, len: usize, grain: usize, f: &Job<'_>) {
         if len == 0 {
             return;
         }
         let grain = grain.max(1);
         if self.workers.is_empty() || len <= grain {
-            f(0..len);
+            f(0, 0..len);
             return;
         }
         let _one_loop_at_a_time = self.caller.lock().unwrap_or_else(|e| e.into_inner());
@@ -127,7 +130,7 @@ impl ThreadPool {
         };
         s.wake.notify_all();
         // The caller must not unwind while workers still use the closure: catch, wait, rethrow.
-        let caller_result = catch_unwind(AssertUnwindSafe(|| run_ranges(s, f)));
+        let caller_result = catch_unwind(AssertUnwindSafe(|| run_ranges(s, 0, f)));
         // Every range is claimed: workers that have not joined yet stay out; wait for the rest.
         s.closed.store(generation, Ordering::SeqCst);
         let mut spins = 0u32;
@@ -153,7 +156,7 @@ impl ThreadPool {
     }
 }
 
-fn run_ranges(s: &Shared, f: &Job<'_>) {
+fn run_ranges(s: &Shared, thread: usize, f: &Job<'_>) {
     let len = s.len.load(Ordering::Relaxed);
     let grain = s.grain.load(Ordering::Relaxed);
     loop {
@@ -161,11 +164,11 @@ fn run_ranges(s: &Shared, f: &Job<'_>) {
         if start >= len {
             break;
         }
-        f(start..(start + grain).min(len));
+        f(thread, start..(start + grain).min(len));
     }
 }
 
-fn worker(s: &Shared) {
+fn worker(s: &Shared, thread: usize) {
     let mut seen = 0u64;
     loop {
         let spin_until = Instant::now() + SPIN;
@@ -202,7 +205,7 @@ fn worker(s: &Shared) {
             // caller keeps the closure alive and `job` set until this worker leaves below.
             let job = unsafe { *s.job.get() };
             if let Some(job) = job
-                && catch_unwind(AssertUnwindSafe(|| run_ranges(s, job))).is_err()
+                && catch_unwind(AssertUnwindSafe(|| run_ranges(s, thread, job))).is_err()
             {
                 s.panicked.store(true, Ordering::Relaxed);
             }
@@ -276,7 +279,7 @@ mod tests {
         let pool = ThreadPool::new(3).unwrap();
         for len in [0, 1, 5, 64, 1000] {
             let hits: Vec<AtomicUsize> = (0..len).map(|_| AtomicUsize::new(0)).collect();
-            pool.for_each(len, 7, &|r| {
+            pool.for_each(len, 7, &|_, r| {
                 for i in r {
                     hits[i].fetch_add(1, Ordering::Relaxed);
                 }
@@ -289,6 +292,19 @@ mod tests {
     }
 
     #[test]
+    fn each_range_names_a_thread_below_the_thread_count() {
+        let pool = ThreadPool::new(4).unwrap();
+        let seen: Vec<AtomicUsize> = (0..pool.threads()).map(|_| AtomicUsize::new(0)).collect();
+        for _ in 0..200 {
+            pool.for_each(64, 1, &|thread, r| {
+                seen[thread].fetch_add(r.len(), Ordering::Relaxed);
+            });
+        }
+        let total: usize = seen.iter().map(|s| s.load(Ordering::Relaxed)).sum();
+        assert_eq!(total, 200 * 64);
+    }
+
+    #[test]
     fn runs_many_loops_back_to_back_and_after_sleeping() {
         let pool = ThreadPool::new(2).unwrap();
         let total = AtomicUsize::new(0);
@@ -296,7 +312,7 @@ mod tests {
             if round == 1000 {
                 std::thread::sleep(SPIN * 3);
             }
-            pool.for_each(16, 1, &|r| {
+            pool.for_each(16, 1, &|_, r| {
                 total.fetch_add(r.len(), Ordering::Relaxed);
             });
         }
@@ -308,7 +324,7 @@ mod tests {
         let pool = ThreadPool::new(8).unwrap();
         let total = AtomicUsize::new(0);
         for _ in 0..5000 {
-            pool.for_each(3, 1, &|r| {
+            pool.for_each(3, 1, &|_, r| {
                 total.fetch_add(r.len(), Ordering::Relaxed);
             });
         }
@@ -319,11 +335,11 @@ mod tests {
     fn a_panicking_job_is_reported_to_the_caller() {
         let pool = ThreadPool::new(2).unwrap();
         let result = catch_unwind(AssertUnwindSafe(|| {
-            pool.for_each(100, 1, &|r| assert!(r.start != 77, "boom"));
+            pool.for_each(100, 1, &|_, r| assert!(r.start != 77, "boom"));
         }));
         assert!(result.is_err());
         let count = AtomicUsize::new(0);
-        pool.for_each(10, 1, &|_| {
+        pool.for_each(10, 1, &|_, _| {
             count.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(count.load(Ordering::Relaxed), 10);

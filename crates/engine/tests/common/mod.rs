@@ -9,10 +9,19 @@ use lucebox_model::Model;
 
 const BLOCK_TOKENS: usize = 16;
 
-/// A fetched catalogue model on the CPU backend, with its file.
+/// A fetched catalogue model on the CPU backend using every core, with its file.
 pub fn load(name: &str) -> (Arc<GgufFile>, Arc<Model<CpuBackend>>) {
+    load_on_threads(name, None)
+}
+
+/// A fetched catalogue model on a CPU backend of `threads` threads, with its file.
+pub fn load_on_threads(
+    name: &str,
+    threads: Option<usize>,
+) -> (Arc<GgufFile>, Arc<Model<CpuBackend>>) {
     let file = Arc::new(GgufFile::open(lucebox_testkit::model(name)).unwrap());
-    let model = Model::load(Arc::new(CpuBackend::new(None).unwrap()), Arc::clone(&file)).unwrap();
+    let backend = Arc::new(CpuBackend::new(threads).unwrap());
+    let model = Model::load(backend, Arc::clone(&file)).unwrap();
     (file, Arc::new(model))
 }
 
