@@ -92,6 +92,12 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
+    /// Whether this picks the most likely token of the raw logits: greedy without penalties,
+    /// which a backend can do where the logits are.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.is_greedy() && !self.has_penalties()
+    }
+
     fn has_penalties(&self) -> bool {
         self.penalty_window > 0
             && (self.repetition_penalty != 1.0
@@ -121,6 +127,18 @@ impl Distribution {
             .iter()
             .find(|&&(_, t)| t == token)
             .map_or(0.0, |&(p, _)| p)
+    }
+
+    /// A distribution with all mass on `token`: what a deterministic drafter proposes from.
+    pub fn set_certain(&mut self, token: u32) {
+        self.entries.clear();
+        self.entries.push((1.0, token));
+    }
+
+    /// Makes this a copy of `other`, reusing this one's buffer.
+    pub fn copy_from(&mut self, other: &Distribution) {
+        self.entries.clear();
+        self.entries.extend_from_slice(&other.entries);
     }
 
     /// Draws a token with one uniform number from `rng`.
@@ -198,14 +216,98 @@ impl Sampler {
         self.distribution.draw(&mut self.rng)
     }
 
+    /// Like [`sample`](Self::sample), and also returns the distribution the token was drawn
+    /// from: a drafter's proposal comes with it, for the verifier.
+    pub fn sample_with_distribution(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+    ) -> (u32, &Distribution) {
+        self.distribution(logits, history);
+        let token = if self.params.is_greedy() {
+            self.distribution.entries[0].1
+        } else {
+            self.distribution.draw(&mut self.rng)
+        };
+        (token, &self.distribution)
+    }
+
+    /// One step of speculative sampling: `drafted` was drawn from `q`; this sampler's own
+    /// distribution `p` comes from `logits` and `history` (through the same transforms). The
+    /// token is kept with probability min(1, p/q); otherwise the replacement is drawn from
+    /// max(p - q, 0), renormalised, and returned. Either way the token that results is
+    /// distributed exactly as `p`. No random number is drawn when the outcome is certain, so
+    /// greedy verification consumes none. `dense` is vocabulary-sized scratch, all zeros, and
+    /// is left so.
+    pub fn verify_draft(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        drafted: u32,
+        q: &Distribution,
+        dense: &mut [f32],
+    ) -> Option<u32> {
+        self.distribution(logits, history);
+        let p = &self.distribution;
+        let (px, qx) = (p.prob(drafted), q.prob(drafted));
+        if px >= qx {
+            return None;
+        }
+        if px > 0.0 && self.rng.next_f64() * f64::from(qx) < f64::from(px) {
+            return None;
+        }
+        for &(prob, token) in &q.entries {
+            if let Some(slot) = dense.get_mut(token as usize) {
+                *slot = prob;
+            }
+        }
+        let residual = |&(prob, token): &(f32, u32)| {
+            f64::from((prob - dense.get(token as usize).copied().unwrap_or(0.0)).max(0.0))
+        };
+        let (mass, support, last) = p.entries.iter().fold((0.0, 0, 0), |(m, n, last), e| {
+            let r = residual(e);
+            if r > 0.0 {
+                (m + r, n + 1, e.1)
+            } else {
+                (m, n, last)
+            }
+        });
+        let replacement = if support == 1 {
+            // Greedy verification lands here: the replacement is certain, nothing is drawn.
+            last
+        } else if mass > 0.0 {
+            let target = self.rng.next_f64() * mass;
+            let mut cumulative = 0.0;
+            let mut chosen = None;
+            for entry in &p.entries {
+                let r = residual(entry);
+                cumulative += r;
+                if r > 0.0 {
+                    chosen = Some(entry.1);
+                    if target < cumulative {
+                        break;
+                    }
+                }
+            }
+            chosen.expect("positive mass has a token")
+        } else {
+            // p and q agree to rounding, yet the draw rejected: p itself is the residual's limit.
+            p.draw(&mut self.rng)
+        };
+        for &(_, token) in &q.entries {
+            if let Some(slot) = dense.get_mut(token as usize) {
+                *slot = 0.0;
+            }
+        }
+        Some(replacement)
+    }
+
     /// The distribution the next token is drawn from, after every transform; for greedy
     /// parameters, all mass on the most likely token.
     pub fn distribution(&mut self, logits: &mut [f32], history: &[u32]) -> &Distribution {
         self.apply_penalties(logits, history);
         if self.params.is_greedy() {
-            let best = argmax(logits);
-            self.distribution.entries.clear();
-            self.distribution.entries.push((1.0, best));
+            self.distribution.set_certain(argmax(logits));
         } else {
             self.build_distribution(logits);
         }
@@ -433,6 +535,90 @@ mod tests {
                 "token {t}: {freq} vs {p}"
             );
         }
+    }
+
+    /// Drafts from `q_logits` with the drafter's own stream, verifies against `p_logits`, and
+    /// returns how often each token came out.
+    fn speculative_frequencies(
+        params: SamplingParams,
+        p_logits: &[f32],
+        q_logits: &[f32],
+        draws: usize,
+    ) -> Vec<f64> {
+        let mut drafter = Sampler::new(SamplingParams {
+            seed: Some(11),
+            ..params.clone()
+        });
+        let mut verifier = Sampler::new(params);
+        let mut dense = vec![0.0; p_logits.len()];
+        let mut counts = vec![0usize; p_logits.len()];
+        let mut q = Distribution::default();
+        for _ in 0..draws {
+            let (drafted, from) = drafter.sample_with_distribution(&mut q_logits.to_vec(), &[]);
+            q.copy_from(from);
+            let token = verifier
+                .verify_draft(&mut p_logits.to_vec(), &[], drafted, &q, &mut dense)
+                .unwrap_or(drafted);
+            counts[token as usize] += 1;
+        }
+        assert!(dense.iter().all(|&x| x == 0.0), "scratch left zeroed");
+        counts.iter().map(|&c| c as f64 / draws as f64).collect()
+    }
+
+    #[test]
+    fn verifying_drafts_reproduces_the_target_distribution() {
+        const DRAWS: usize = 200_000;
+        let p_logits = [2.0, 1.5, 0.0, -1.0, 0.5, -3.0];
+        // The drafter favours other tokens, and gives token 5 almost nothing.
+        let q_logits = [0.0, 2.0, 1.0, 0.5, -1.0, -9.0];
+        for params in [
+            params(1.0),
+            SamplingParams {
+                top_p: 0.9,
+                min_p: 0.05,
+                ..params(0.7)
+            },
+            SamplingParams {
+                top_k: 3,
+                ..params(1.3)
+            },
+        ] {
+            let mut exact = Sampler::new(params.clone());
+            let p = exact.distribution(&mut p_logits.to_vec(), &[]).clone();
+            let got = speculative_frequencies(params.clone(), &p_logits, &q_logits, DRAWS);
+            for (t, &freq) in got.iter().enumerate() {
+                let want = f64::from(p.prob(t as u32));
+                let sigma = (want * (1.0 - want) / DRAWS as f64).sqrt();
+                assert!(
+                    (freq - want).abs() <= 5.0 * sigma + 1e-9,
+                    "{params:?} token {t}: {freq} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn greedy_verification_is_exact_and_draws_nothing() {
+        let mut verifier = Sampler::new(SamplingParams::default());
+        let mut dense = vec![0.0; 3];
+        let mut certain = Distribution::default();
+        certain.set_certain(1);
+        let logits = [0.0f32, 1.0, 0.5];
+        assert_eq!(
+            verifier.verify_draft(&mut logits.to_vec(), &[], 1, &certain, &mut dense),
+            None
+        );
+        certain.set_certain(2);
+        assert_eq!(
+            verifier.verify_draft(&mut logits.to_vec(), &[], 2, &certain, &mut dense),
+            Some(1)
+        );
+        let untouched = Rng::seeded(verifier.seed()).next_u64();
+        assert_eq!(
+            verifier.rng.next_u64(),
+            untouched,
+            "no random number was drawn"
+        );
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub struct SessionConfig {
     pub block_tokens: usize,
     /// The most prompt tokens one forward pass takes; longer prompts are fed in chunks.
     pub prefill_chunk: usize,
+    /// The most tokens one [`Session::feed_scored`] call takes, each keeping its logits row: 1
+    /// for plain decoding, k + 1 to verify k drafted tokens.
+    pub scored_tokens: usize,
 }
 
 impl Default for SessionConfig {
@@ -24,6 +27,7 @@ impl Default for SessionConfig {
             context: 4096,
             block_tokens: 16,
             prefill_chunk: 512,
+            scored_tokens: 1,
         }
     }
 }
@@ -68,8 +72,9 @@ pub struct Session<B: Backend> {
     workspace: Workspace<B>,
     batch: RaggedBatch,
     tokens: Vec<u32>,
+    /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
-    greedy_pick: [u32; 1],
+    picks: Vec<u32>,
 }
 
 impl<B: Backend> std::fmt::Debug for Session<B> {
@@ -84,7 +89,11 @@ impl<B: Backend> std::fmt::Debug for Session<B> {
 impl<B: Backend> Session<B> {
     /// A session with an empty sequence.
     pub fn new(model: Arc<Model<B>>, config: SessionConfig) -> Result<Self, Error> {
-        if config.block_tokens == 0 || config.prefill_chunk == 0 || config.context == 0 {
+        if config.block_tokens == 0
+            || config.prefill_chunk == 0
+            || config.context == 0
+            || config.scored_tokens == 0
+        {
             return Err(Error::InvalidParameter {
                 name: "session",
                 why: format!("{config:?} has a zero size"),
@@ -96,10 +105,10 @@ impl<B: Backend> Session<B> {
         let layout = model.kv_layout(blocks, config.block_tokens);
         let kv = model.backend().kv_cache(layout)?;
         let capacity = BatchCapacity {
-            tokens: config.prefill_chunk,
+            tokens: config.prefill_chunk.max(config.scored_tokens),
             sequences: 1,
             blocks,
-            logits: 1,
+            logits: config.scored_tokens,
         };
         let workspace = model.workspace(capacity)?;
         let vocab = model.config().vocab;
@@ -113,8 +122,8 @@ impl<B: Backend> Session<B> {
             workspace,
             batch: RaggedBatch::new(),
             tokens: Vec::with_capacity(context),
-            logits: vec![0.0; vocab],
-            greedy_pick: [0],
+            logits: vec![0.0; vocab * config.scored_tokens],
+            picks: vec![0; config.scored_tokens],
         })
     }
 
@@ -135,8 +144,30 @@ impl<B: Backend> Session<B> {
 
     /// Forgets the sequence, keeping the buffers.
     pub fn reset(&mut self) {
-        self.sequence.release(&mut self.pool);
-        self.tokens.clear();
+        self.truncate(0);
+    }
+
+    /// Forgets every token from `len` on, and their KV positions; nothing is recomputed, so
+    /// dropping rejected draft tokens costs nothing. A no-op when `len` is not shorter.
+    pub fn truncate(&mut self, len: usize) {
+        self.sequence.truncate(&mut self.pool, len);
+        self.tokens.truncate(len);
+    }
+
+    /// Makes the sequence `tokens`, keeping the KV positions of the prefix it shares with the
+    /// current one and feeding the rest. The last token is always fed again, so its logits are
+    /// ready for [`sample`](Self::sample). A drafter following a target, or a prompt that
+    /// extends the previous one, costs only the new tokens.
+    pub fn feed_reusing(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        let shared = self
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len().saturating_sub(1));
+        self.truncate(shared);
+        self.feed(&tokens[shared..])
     }
 
     /// Appends `tokens` to the sequence, in chunks of at most `prefill_chunk`, and keeps the
@@ -149,48 +180,104 @@ impl<B: Backend> Session<B> {
                 context: self.config.context,
             });
         }
-        let chunks = tokens.len().div_ceil(self.config.prefill_chunk);
-        for (i, chunk) in tokens.chunks(self.config.prefill_chunk).enumerate() {
-            let reserved = self.sequence.reserve(&mut self.pool, chunk.len());
-            assert!(reserved, "the pool holds the whole context");
-            self.batch.clear();
-            let seq = self.batch.push_sequence(self.sequence.table());
-            let start = self.sequence.len();
-            for (j, &token) in chunk.iter().enumerate() {
-                let last = i + 1 == chunks && j + 1 == chunk.len();
-                self.batch.push_token(seq, token, (start + j) as u32, last);
-            }
-            self.model
-                .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
-            self.sequence.advance(&self.pool, chunk.len());
-            self.tokens.extend_from_slice(chunk);
+        // Checked for the whole input first, so a prompt that does not fit changes nothing.
+        for chunk in tokens.chunks(self.config.prefill_chunk) {
+            self.forward_chunk(chunk, false)?;
         }
         Ok(())
     }
 
-    /// Copies the logits of the last token fed into `out` (one vocabulary-sized row).
-    pub fn last_logits(&self, out: &mut [f32]) -> Result<(), Error> {
+    /// One forward pass over `chunk`, keeping the logits of every token when `score_all`, else
+    /// of the last one.
+    fn forward_chunk(&mut self, chunk: &[u32], score_all: bool) -> Result<(), Error> {
+        let total = self.tokens.len() + chunk.len();
+        if total > self.config.context {
+            return Err(Error::ContextFull {
+                tokens: total,
+                context: self.config.context,
+            });
+        }
+        let reserved = self.sequence.reserve(&mut self.pool, chunk.len());
+        assert!(reserved, "the pool holds the whole context");
+        self.batch.clear();
+        let seq = self.batch.push_sequence(self.sequence.table());
+        let start = self.sequence.len();
+        for (j, &token) in chunk.iter().enumerate() {
+            let scored = score_all || j + 1 == chunk.len();
+            self.batch
+                .push_token(seq, token, (start + j) as u32, scored);
+        }
+        self.model
+            .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+        self.sequence.advance(&self.pool, chunk.len());
+        self.tokens.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    /// Appends `tokens` (at most `scored_tokens` of them) in one forward pass that keeps every
+    /// token's logits row: row `i` predicts the token after `tokens[i]`. Speculative decoding
+    /// verifies drafts this way; each row equals what feeding one token at a time would give.
+    pub fn feed_scored(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        if tokens.is_empty() || tokens.len() > self.config.scored_tokens {
+            return Err(Error::InvalidParameter {
+                name: "feed_scored",
+                why: format!(
+                    "{} tokens, expected 1 to {}",
+                    tokens.len(),
+                    self.config.scored_tokens
+                ),
+            });
+        }
+        self.forward_chunk(tokens, true)
+    }
+
+    /// The number of logits rows the last forward pass kept.
+    pub fn logits_rows(&self) -> usize {
+        self.workspace.logits_rows()
+    }
+
+    /// Copies the logits rows of the last forward pass to the host and returns them, row after
+    /// row of vocabulary size, with every token fed so far (the history penalties look at).
+    pub fn read_logits(&mut self) -> Result<(&mut [f32], &[u32]), Error> {
+        let rows = self.logits_rows();
+        let out = &mut self.logits[..rows * self.model.config().vocab];
         self.model
             .backend()
-            .read_rows(self.workspace.logits(), 1, out)?;
+            .read_rows(self.workspace.logits(), rows, out)?;
+        Ok((out, &self.tokens))
+    }
+
+    /// The most likely token of each logits row of the last forward pass, computed where the
+    /// logits are (on the device for a GPU backend), with ties going to the lowest id.
+    pub fn argmax_rows(&mut self) -> Result<&[u32], Error> {
+        let picks = &mut self.picks[..self.workspace.logits_rows()];
+        self.model
+            .backend()
+            .argmax_rows(self.workspace.logits(), picks)?;
+        Ok(picks)
+    }
+
+    /// Copies the logits of the last token fed into `out` (one vocabulary-sized row).
+    pub fn last_logits(&mut self, out: &mut [f32]) -> Result<(), Error> {
+        let vocab = self.model.config().vocab;
+        let (rows, _) = self.read_logits()?;
+        out.copy_from_slice(&rows[rows.len() - vocab..]);
         Ok(())
     }
 
     /// Chooses the next token from the logits of the last token fed. Greedy sampling without
     /// penalties picks on the device, which spares copying the logits to the host.
     pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32, Error> {
-        let backend = self.model.backend();
-        let p = sampler.params();
-        if p.is_greedy()
-            && p.repetition_penalty == 1.0
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-        {
-            backend.argmax_rows(self.workspace.logits(), &mut self.greedy_pick)?;
-            return Ok(self.greedy_pick[0]);
+        if sampler.params().is_plain_greedy() {
+            return Ok(*self
+                .argmax_rows()?
+                .last()
+                .expect("a forward pass keeps a row"));
         }
-        backend.read_rows(self.workspace.logits(), 1, &mut self.logits)?;
-        Ok(sampler.sample(&mut self.logits, &self.tokens))
+        let vocab = self.model.config().vocab;
+        let (rows, history) = self.read_logits()?;
+        let last = rows.len() - vocab;
+        Ok(sampler.sample(&mut rows[last..], history))
     }
 
     /// Feeds `prompt`, then samples and feeds tokens until `max_tokens`, an end-of-generation
