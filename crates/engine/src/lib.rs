@@ -3,7 +3,8 @@
 //! [`BlockPool`] and [`SequenceBlocks`] manage the fixed-size blocks of a paged KV cache;
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, min-p, penalties)
 //! reproducibly from a seed; [`Session`] runs one sequence on one model: chunked prefill, then
-//! decoding, without allocating in the loop.
+//! decoding, without allocating in the loop; [`speculative`] runs a session with a drafter
+//! and produces exactly what the session alone would, faster.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -28,6 +29,7 @@ mod kv;
 mod rng;
 mod sampling;
 mod session;
+pub mod speculative;
 
 pub use error::Error;
 pub use kv::{BlockPool, SequenceBlocks};

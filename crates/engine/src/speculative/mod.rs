@@ -1,0 +1,301 @@
+//! Speculative decoding: a drafter proposes tokens, the target checks them all in one forward
+//! pass, and the output is exactly what the target alone would produce.
+//!
+//! Each round feeds the target the pending token (the last one chosen, not yet fed) followed by
+//! the k drafted tokens, keeping all k + 1 logits rows. Row i is the target's prediction after
+//! drafted token i - 1, bitwise equal to what decoding one token at a time gives, so:
+//!
+//! - greedy: drafted tokens are accepted while they equal the target's argmax; the first that
+//!   does not is replaced by the argmax, and when all are accepted the last row adds one more.
+//!   The output is token for token the target's.
+//! - sampled: drafted token i, drawn by the drafter from q, is accepted with probability
+//!   min(1, p/q), where p is the target's distribution at row i after the same transforms
+//!   (penalties over the same history, temperature, top-k, top-p, min-p); on rejection the
+//!   token is drawn from max(p - q, 0) renormalised, and when all are accepted a bonus token is
+//!   drawn from the last row. Every token produced is distributed exactly as the target's own
+//!   sampling would draw it, for every combination of parameters the sampler takes, so there is
+//!   no combination that has to fall back to plain decoding.
+//!
+//! Rejected tokens are dropped from the target's KV cache by truncating its block table; the
+//! drafter drops its own the same way when it next sees the sequence.
+//!
+//! # Adding a drafter
+//!
+//! Implement [`Drafter`]: `propose` gets the sequence and fills a [`Draft`] with tokens and the
+//! distribution each was drawn from ([`Draft::push_certain`] for a deterministic guess). A block
+//! drafter in the style of DFlash, which proposes a whole block in one forward pass conditioned
+//! on the target's hidden states, fits the same call: the states become a field of
+//! [`DraftInput`], filled from the verify pass (the target's forward pass would keep the rows of
+//! the layers the drafter names), and the drafter fills the draft from its single pass. Nothing
+//! else in the engine changes: verification, rollback and the draft-length control only ever
+//! see tokens and distributions.
+
+mod adaptive;
+mod drafter;
+mod stats;
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lucebox_backend::Backend;
+use lucebox_model::Model;
+
+pub use adaptive::{DraftLength, MAX_DRAFT};
+pub use drafter::{Draft, DraftInput, Drafter, ModelDrafter, NgramDrafter};
+pub use stats::SpecStats;
+
+use crate::{Error, GenerationStats, Sampler, Session, SessionConfig, StopReason};
+
+/// How many tokens each round drafts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftPolicy {
+    /// Always `k` (fewer only near `max_tokens` or the end of the context).
+    Fixed(usize),
+    /// Chosen each round from measured acceptance and costs, up to the given length; 0 when
+    /// speculation does not pay.
+    Adaptive(usize),
+}
+
+impl DraftPolicy {
+    fn longest(self) -> usize {
+        match self {
+            DraftPolicy::Fixed(k) | DraftPolicy::Adaptive(k) => k,
+        }
+    }
+}
+
+/// A target model's session with a drafter.
+pub struct Speculator<B: Backend> {
+    target: Session<B>,
+    drafter: Box<dyn Drafter + Send>,
+    policy: DraftPolicy,
+    draft: Draft,
+    /// The sequence as the drafter sees it: the target's tokens and the pending one.
+    sequence: Vec<u32>,
+    /// The tokens of one verify pass: the pending token and the draft.
+    verify: Vec<u32>,
+    /// Vocabulary-sized zeros, scratch for rejection sampling.
+    dense: Vec<f32>,
+}
+
+impl<B: Backend> std::fmt::Debug for Speculator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Speculator")
+            .field("target", &self.target)
+            .field("drafter", &self.drafter.kind())
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<B: Backend> Speculator<B> {
+    /// A session on `target` (sized by `config`; its `scored_tokens` is raised to fit the
+    /// longest draft) that speculates with `drafter`.
+    pub fn new(
+        target: Arc<Model<B>>,
+        config: SessionConfig,
+        drafter: Box<dyn Drafter + Send>,
+        policy: DraftPolicy,
+    ) -> Result<Self, Error> {
+        let longest = policy.longest();
+        if longest > MAX_DRAFT {
+            return Err(Error::InvalidParameter {
+                name: "draft length",
+                why: format!("{longest} is above {MAX_DRAFT}"),
+            });
+        }
+        let vocab = target.config().vocab;
+        let target = Session::new(
+            target,
+            SessionConfig {
+                scored_tokens: config.scored_tokens.max(longest + 1),
+                ..config
+            },
+        )?;
+        let context = target.config().context;
+        Ok(Self {
+            target,
+            drafter,
+            policy,
+            draft: Draft::default(),
+            sequence: Vec::with_capacity(context),
+            verify: Vec::with_capacity(longest + 1),
+            dense: vec![0.0; vocab],
+        })
+    }
+
+    /// The target's session: every token fed to it so far, and its KV cache.
+    pub fn target(&mut self) -> &mut Session<B> {
+        &mut self.target
+    }
+
+    /// Generates a continuation of `prompt` (the whole sequence: the KV positions of a prefix
+    /// shared with the previous call are reused) like [`Session::generate`], producing exactly
+    /// the tokens (greedy) or the distribution of tokens (sampled) that the target alone
+    /// would, and returns what speculation did besides.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        max_tokens: usize,
+        is_end: impl Fn(u32) -> bool,
+        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> Result<(GenerationStats, SpecStats), Error> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidParameter {
+                name: "prompt",
+                why: "is empty".into(),
+            });
+        }
+        let started = Instant::now();
+        let mut spec = SpecStats::default();
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            generated_tokens: 0,
+            prefill: Duration::ZERO,
+            decode: Duration::ZERO,
+            stop: StopReason::MaxTokens,
+        };
+        if max_tokens == 0 {
+            return Ok((stats, spec));
+        }
+        self.drafter.start(sampler.params())?;
+        self.target.feed_reusing(prompt)?;
+        let mut pending = self.target.sample(sampler)?;
+        stats.prefill = started.elapsed();
+        let decode_started = Instant::now();
+        let mut control = DraftLength::new(self.policy.longest());
+        let mut emit = |token: u32, stats: &mut GenerationStats| {
+            stats.generated_tokens += 1;
+            if on_token(token).is_break() {
+                stats.stop = StopReason::Caller;
+                return false;
+            }
+            if is_end(token) {
+                stats.stop = StopReason::EndOfGeneration;
+                return false;
+            }
+            stats.generated_tokens < max_tokens
+        };
+        if emit(pending, &mut stats) {
+            loop {
+                let room = self.target.config().context - self.target.tokens().len();
+                if room == 0 {
+                    stats.stop = StopReason::ContextFull;
+                    break;
+                }
+                let wanted = match self.policy {
+                    DraftPolicy::Fixed(k) => k,
+                    DraftPolicy::Adaptive(_) => control.choose(),
+                };
+                let k = wanted
+                    .min(max_tokens - stats.generated_tokens - 1)
+                    .min(room - 1);
+                let round = self.round(pending, k, sampler)?;
+                spec.record_round(round.drafted, round.accepted);
+                spec.draft_time += round.draft_time;
+                spec.verify_time += round.verify_time;
+                if round.drafted == 0 && k > 0 {
+                    control.observe_empty_draft(round.verify_time);
+                } else {
+                    control.observe(
+                        round.drafted,
+                        round.accepted,
+                        round.draft_time,
+                        round.verify_time,
+                    );
+                }
+                let accepted = self.draft.tokens()[..round.accepted].iter().copied();
+                if !accepted
+                    .chain([round.next])
+                    .all(|token| emit(token, &mut stats))
+                {
+                    break;
+                }
+                pending = round.next;
+            }
+        }
+        stats.decode = decode_started.elapsed();
+        Ok((stats, spec))
+    }
+
+    /// One round: drafts up to `k` tokens after `pending`, verifies them with the target and
+    /// drops the rejected ones from its cache.
+    fn round(&mut self, pending: u32, k: usize, sampler: &mut Sampler) -> Result<Round, Error> {
+        let draft_started = Instant::now();
+        if k > 0 {
+            self.sequence.clear();
+            self.sequence.extend_from_slice(self.target.tokens());
+            self.sequence.push(pending);
+            self.drafter
+                .propose(&DraftInput::new(&self.sequence), k, &mut self.draft)?;
+            self.draft.truncate(k);
+        } else {
+            self.draft.clear();
+        }
+        let draft_time = draft_started.elapsed();
+
+        let verify_started = Instant::now();
+        let drafted = self.draft.len();
+        self.verify.clear();
+        self.verify.push(pending);
+        self.verify.extend_from_slice(self.draft.tokens());
+        let base = self.target.tokens().len();
+        self.target.feed_scored(&self.verify)?;
+        let (accepted, next) = if sampler.params().is_plain_greedy() {
+            let picks = self.target.argmax_rows()?;
+            let accepted = self
+                .draft
+                .tokens()
+                .iter()
+                .zip(picks)
+                .take_while(|(d, p)| d == p)
+                .count();
+            (accepted, picks[accepted])
+        } else {
+            let vocab = self.target.model().config().vocab;
+            let (rows, tokens) = self.target.read_logits()?;
+            let mut verdict = (drafted, None);
+            for (i, row) in rows.chunks_exact_mut(vocab).take(drafted).enumerate() {
+                let history = &tokens[..base + 1 + i];
+                let drafted_token = self.draft.tokens()[i];
+                let from = self.draft.distribution(i);
+                if let Some(replacement) =
+                    sampler.verify_draft(row, history, drafted_token, from, &mut self.dense)
+                {
+                    verdict = (i, Some(replacement));
+                    break;
+                }
+            }
+            match verdict {
+                (accepted, Some(replacement)) => (accepted, replacement),
+                (accepted, None) => {
+                    let row = &mut rows[accepted * vocab..(accepted + 1) * vocab];
+                    (
+                        accepted,
+                        sampler.sample(row, &tokens[..base + 1 + accepted]),
+                    )
+                }
+            }
+        };
+        self.target.truncate(base + 1 + accepted);
+        Ok(Round {
+            drafted,
+            accepted,
+            next,
+            draft_time,
+            verify_time: verify_started.elapsed(),
+        })
+    }
+}
+
+/// The outcome of one round.
+struct Round {
+    drafted: usize,
+    accepted: usize,
+    /// The token the target chose after the accepted ones: a replacement or the bonus.
+    next: u32,
+    draft_time: Duration,
+    verify_time: Duration,
+}
