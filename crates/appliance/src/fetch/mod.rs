@@ -10,6 +10,7 @@ use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
 pub use error::{FetchError, SourceError, SourceFailure};
+pub use transfer::sha256_file;
 
 use crate::cache::{Presence, model_path};
 use crate::catalogue::{Model, Source, Wheel};

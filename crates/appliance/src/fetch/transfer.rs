@@ -246,7 +246,7 @@ impl Drop for PartFile {
 }
 
 /// The sha256 of the file at `path`, as lowercase hex.
-pub(crate) fn sha256_file(path: &Path) -> io::Result<String> {
+pub fn sha256_file(path: &Path) -> io::Result<String> {
     let mut file = File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; CHUNK_BYTES];
