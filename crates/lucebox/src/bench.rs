@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
 
-use crate::load::load_cpu_model;
+use crate::load::{cpu_backend, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -27,13 +27,39 @@ pub(crate) struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Decode the project's prompt set (tests/bench/spec-prompts.toml) plain, with --draft and
+    /// with n-gram lookup, and compare.
+    #[arg(long)]
+    spec: bool,
+    /// With --spec: the drafter model (a GGUF file or a catalogue name).
+    #[arg(long, requires = "spec")]
+    draft: Option<String>,
+    /// With --spec: the longest draft per round.
+    #[arg(long, default_value_t = 8)]
+    draft_tokens: usize,
+    /// With --spec: always draft --draft-tokens tokens instead of adapting.
+    #[arg(long)]
+    fixed_draft: bool,
 }
 
 pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repetitions == 0 {
         bail!("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
     }
-    let (_file, model) = load_cpu_model(&args.model, args.threads)?;
+    let target = load_model(&args.model, &cpu_backend(args.threads)?).context("--model")?;
+    if args.spec {
+        return crate::spec_bench::run(
+            &target,
+            crate::spec_bench::SpecBenchArgs {
+                draft: args.draft.as_deref(),
+                draft_tokens: args.draft_tokens,
+                fixed_draft: args.fixed_draft,
+                context: 2048,
+                json: args.json,
+            },
+        );
+    }
+    let model = target.model;
     let vocab = model.config().vocab as u64;
     let describe = lucebox_backend::Backend::describe(&**model.backend());
     let config = SessionConfig {

@@ -4,10 +4,16 @@ use std::io::Write;
 use std::ops::ControlFlow;
 
 use anyhow::{Context, bail};
-use lucebox_engine::{Sampler, SamplingParams, Session, SessionConfig};
+use std::sync::Arc;
+
+use lucebox_backend::CpuBackend;
+use lucebox_engine::speculative::{
+    DraftPolicy, Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+};
+use lucebox_engine::{GenerationStats, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 
-use crate::load::load_cpu_model;
+use crate::load::{Loaded, cpu_backend, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct GenerateArgs {
@@ -34,6 +40,60 @@ pub(crate) struct GenerateArgs {
     /// Threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    speculation: SpeculationArgs,
+}
+
+/// Speculative decoding flags, shared by the commands that generate.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SpeculationArgs {
+    /// Speculate with this drafter model (a GGUF file or a catalogue name); it must pass the
+    /// pair checks of `lucebox verify-pair` against --model.
+    #[arg(long, conflicts_with = "ngram")]
+    draft: Option<String>,
+    /// Speculate with n-gram prompt lookup (no drafter model).
+    #[arg(long)]
+    ngram: bool,
+    /// The longest draft per round; the length adapts below it to what pays.
+    #[arg(long, default_value_t = 8)]
+    draft_tokens: usize,
+    /// Always draft --draft-tokens tokens instead of adapting.
+    #[arg(long)]
+    fixed_draft: bool,
+}
+
+impl SpeculationArgs {
+    /// The drafter these flags ask for, checked against the target, if any.
+    pub(crate) fn drafter(
+        &self,
+        target: &Loaded,
+        context: usize,
+    ) -> anyhow::Result<Option<Box<dyn Drafter + Send>>> {
+        if self.ngram {
+            return Ok(Some(Box::<NgramDrafter>::default()));
+        }
+        let Some(draft) = &self.draft else {
+            return Ok(None);
+        };
+        let drafter = load_model(draft, target.model.backend()).context("--draft")?;
+        crate::pair::refuse_failing_pair(target, &drafter)?;
+        Ok(Some(Box::new(ModelDrafter::new(drafter.model, context)?)))
+    }
+
+    pub(crate) fn policy(&self) -> anyhow::Result<DraftPolicy> {
+        if self.draft_tokens == 0 || self.draft_tokens > lucebox_engine::speculative::MAX_DRAFT {
+            bail!(
+                "--draft-tokens {} is not between 1 and {}",
+                self.draft_tokens,
+                lucebox_engine::speculative::MAX_DRAFT
+            );
+        }
+        Ok(if self.fixed_draft {
+            DraftPolicy::Fixed(self.draft_tokens)
+        } else {
+            DraftPolicy::Adaptive(self.draft_tokens)
+        })
+    }
 }
 
 /// Sampling flags, shared by the commands that generate. Negative numbers are taken as values
@@ -93,45 +153,34 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
-    let (file, model) = load_cpu_model(&args.model, args.threads)?;
-    let tokenizer = Tokenizer::from_gguf(file.metadata()).context("tokenizer")?;
-    let text = if args.chat {
-        let template = ChatTemplate::from_gguf(file.metadata())
-            .context("chat template")?
-            .with_context(|| format!("--chat: {} has no tokenizer.chat_template", args.model))?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(ChatMessage::new("system", system));
-        }
-        messages.push(ChatMessage::new("user", &args.prompt));
-        template.render(&messages, true).context("chat template")?
-    } else {
-        args.prompt.clone()
-    };
-    let mut prompt = Vec::new();
-    if tokenizer.add_bos()
-        && let Some(bos) = tokenizer.bos()
-    {
-        prompt.push(bos);
-    }
-    // A chat template writes its special tokens as text; raw prompts are taken literally.
-    prompt.extend(tokenizer.encode(&text, args.chat));
-    if prompt.is_empty() {
-        bail!("--prompt is empty and the model adds no BOS token: nothing to continue");
-    }
-
-    let mut session = Session::new(
-        model,
-        SessionConfig {
-            context: args.context,
-            ..SessionConfig::default()
-        },
+    let policy = args.speculation.policy()?;
+    let target = load_model(&args.model, &cpu_backend(args.threads)?).context("--model")?;
+    let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
+    let prompt = prompt_tokens(
+        &target,
+        &tokenizer,
+        &args.prompt,
+        args.chat,
+        args.system.as_deref(),
     )?;
+    let config = SessionConfig {
+        context: args.context,
+        ..SessionConfig::default()
+    };
+    let mut generator = match args.speculation.drafter(&target, args.context)? {
+        Some(drafter) => Generator::Speculative(Speculator::new(
+            Arc::clone(&target.model),
+            config,
+            drafter,
+            policy,
+        )?),
+        None => Generator::Plain(Session::new(Arc::clone(&target.model), config)?),
+    };
     let mut sampler = Sampler::new(params);
     let mut decoder = StreamDecoder::new(&tokenizer, true);
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
-    let stats = session.generate(
+    let (stats, spec) = generator.generate(
         &prompt,
         &mut sampler,
         args.max_tokens,
@@ -167,5 +216,85 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stats.stop,
         sampler.seed(),
     );
+    if let Some(spec) = spec {
+        eprintln!(
+            "speculation: {} drafted, {} accepted ({:.0}%), {:.2} tokens per round, {} plain steps; \
+             {:.2} s drafting, {:.2} s verifying",
+            spec.drafted_tokens(),
+            spec.accepted_tokens(),
+            100.0 * spec.acceptance_rate(),
+            spec.mean_acceptance_length(),
+            spec.plain_steps,
+            spec.draft_time.as_secs_f64(),
+            spec.verify_time.as_secs_f64(),
+        );
+    }
     Ok(())
+}
+
+/// The token ids of a prompt: raw text (a BOS token first exactly when the file asks for one),
+/// or with `chat` the user's message, after an optional system message, rendered by the file's
+/// own chat template.
+pub(crate) fn prompt_tokens(
+    model: &Loaded,
+    tokenizer: &Tokenizer,
+    text: &str,
+    chat: bool,
+    system: Option<&str>,
+) -> anyhow::Result<Vec<u32>> {
+    let text = if chat {
+        let template = ChatTemplate::from_gguf(model.file.metadata())
+            .context("chat template")?
+            .with_context(|| format!("--chat: {} has no tokenizer.chat_template", model.label))?;
+        let mut messages = Vec::new();
+        if let Some(system) = system {
+            messages.push(ChatMessage::new("system", system));
+        }
+        messages.push(ChatMessage::new("user", text));
+        template.render(&messages, true).context("chat template")?
+    } else {
+        text.to_owned()
+    };
+    let mut prompt = Vec::new();
+    if tokenizer.add_bos()
+        && let Some(bos) = tokenizer.bos()
+    {
+        prompt.push(bos);
+    }
+    // A chat template writes its special tokens as text; raw prompts are taken literally.
+    prompt.extend(tokenizer.encode(&text, chat));
+    if prompt.is_empty() {
+        bail!("the prompt is empty and the model adds no BOS token: nothing to continue");
+    }
+    Ok(prompt)
+}
+
+/// Plain decoding or speculative decoding, behind one call.
+pub(crate) enum Generator {
+    Plain(Session<CpuBackend>),
+    Speculative(Speculator<CpuBackend>),
+}
+
+impl Generator {
+    pub(crate) fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        max_tokens: usize,
+        is_end: impl Fn(u32) -> bool,
+        on_token: impl FnMut(u32) -> ControlFlow<()>,
+    ) -> anyhow::Result<(GenerationStats, Option<SpecStats>)> {
+        Ok(match self {
+            Generator::Plain(session) => {
+                session.reset();
+                let stats = session.generate(prompt, sampler, max_tokens, is_end, on_token)?;
+                (stats, None)
+            }
+            Generator::Speculative(speculator) => {
+                let (stats, spec) =
+                    speculator.generate(prompt, sampler, max_tokens, is_end, on_token)?;
+                (stats, Some(spec))
+            }
+        })
+    }
 }

@@ -1,4 +1,4 @@
-//! Turning a `--model` argument into a model on a backend.
+//! Turning `--model` and `--draft` arguments into models on a backend.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,38 +8,62 @@ use lucebox_backend::CpuBackend;
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
-/// A `--model` value: a GGUF path, or the name of a catalogue model, fetched first when the
-/// model directory does not hold it yet.
-pub(crate) fn resolve_model(arg: &str) -> anyhow::Result<PathBuf> {
+/// A model loaded from a `--model`-style argument.
+pub(crate) struct Loaded {
+    /// The argument as given.
+    pub label: String,
+    /// The catalogue entry the argument named, or whose name the file carries.
+    pub catalogue_name: Option<String>,
+    pub path: PathBuf,
+    pub file: Arc<GgufFile>,
+    pub model: Arc<Model<CpuBackend>>,
+}
+
+/// A model argument: a GGUF path, or the name of a catalogue model, fetched first when the
+/// model directory does not hold it yet. Returns the path and the catalogue name, if any.
+pub(crate) fn resolve_model(arg: &str) -> anyhow::Result<(PathBuf, Option<String>)> {
+    let catalogue = lucebox_appliance::Catalogue::embedded()?;
     let path = PathBuf::from(arg);
     if path.is_file() {
-        return Ok(path);
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
+        let name = catalogue.model(stem).ok().map(|m| m.name().to_owned());
+        return Ok((path, name));
     }
-    let catalogue = lucebox_appliance::Catalogue::embedded()?;
     let Ok(model) = catalogue.model(arg) else {
         bail!(
-            "--model {arg}: no such file, and no catalogue model of that name (see `lucebox fetch --list`)"
+            "{arg}: no such file, and no catalogue model of that name (see `lucebox fetch --list`)"
         );
     };
     let cached = lucebox_appliance::model_path(&lucebox_appliance::model_dir()?, arg);
+    let name = Some(model.name().to_owned());
     if lucebox_appliance::Presence::of(&cached, model.bytes())?
         == lucebox_appliance::Presence::Present
     {
-        return Ok(cached);
+        return Ok((cached, name));
     }
-    crate::fetch::fetch_model(model)
+    Ok((crate::fetch::fetch_model(model)?, name))
 }
 
-/// The open file and its model on the CPU backend.
-pub(crate) fn load_cpu_model(
-    arg: &str,
-    threads: Option<usize>,
-) -> anyhow::Result<(Arc<GgufFile>, Arc<Model<CpuBackend>>)> {
-    let path = resolve_model(arg)?;
-    let file =
-        Arc::new(GgufFile::open(&path).with_context(|| format!("--model {}", path.display()))?);
-    let backend = Arc::new(CpuBackend::new(threads)?);
-    let model = Model::load(backend, Arc::clone(&file))
-        .with_context(|| format!("--model {}", path.display()))?;
-    Ok((file, Arc::new(model)))
+/// The CPU backend with `threads` threads (all cores when `None`), shared by every model of a
+/// command so that target and drafter do not compete with two thread pools.
+pub(crate) fn cpu_backend(threads: Option<usize>) -> anyhow::Result<Arc<CpuBackend>> {
+    Ok(Arc::new(CpuBackend::new(threads)?))
+}
+
+/// The model named by `arg`, on `backend`.
+pub(crate) fn load_model(arg: &str, backend: &Arc<CpuBackend>) -> anyhow::Result<Loaded> {
+    let (path, catalogue_name) = resolve_model(arg)?;
+    let file = Arc::new(GgufFile::open(&path).with_context(|| path.display().to_string())?);
+    let model = Model::load(Arc::clone(backend), Arc::clone(&file))
+        .with_context(|| path.display().to_string())?;
+    Ok(Loaded {
+        label: arg.to_owned(),
+        catalogue_name,
+        path,
+        file,
+        model: Arc::new(model),
+    })
 }

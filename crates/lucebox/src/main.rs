@@ -5,6 +5,8 @@ mod bench;
 mod fetch;
 mod generate;
 mod load;
+mod pair;
+mod spec_bench;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +29,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Measure prefill and decode throughput.
     Bench(bench::BenchArgs),
+    /// Check that a drafter may serve a target, and write a record of the verdict.
+    VerifyPair(pair::VerifyPairArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -35,6 +39,7 @@ fn main() -> std::process::ExitCode {
         Command::Fetch(args) => fetch::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::VerifyPair(args) => pair::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,195 @@
+//! `lucebox bench --spec`: the project's prompt set decoded plain, with a drafter model and with
+//! n-gram lookup, in one process, so that every ratio compares runs on the same machine state.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use lucebox_engine::speculative::{
+    DraftPolicy, Drafter, MAX_DRAFT, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+};
+use lucebox_engine::{Sampler, SamplingParams, SessionConfig};
+use lucebox_tokenizer::Tokenizer;
+use serde::{Deserialize, Serialize};
+
+use crate::generate::{Generator, prompt_tokens};
+use crate::load::{Loaded, load_model};
+
+/// The prompt set, embedded at build time.
+const PROMPTS: &str = include_str!("../../../tests/bench/spec-prompts.toml");
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptSet {
+    prompts: Vec<BenchPrompt>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BenchPrompt {
+    name: String,
+    chat: bool,
+    max_tokens: usize,
+    text: String,
+}
+
+#[derive(Serialize)]
+struct Run {
+    prompt: String,
+    mode: &'static str,
+    tokens: usize,
+    decode_tok_s: f64,
+    ratio_to_plain: f64,
+    acceptance_rate: Option<f64>,
+    mean_acceptance_length: Option<f64>,
+    plain_steps: Option<u64>,
+    same_output_as_plain: bool,
+}
+
+/// The draft setting of a speculative mode.
+pub(crate) struct SpecBenchArgs<'a> {
+    pub draft: Option<&'a str>,
+    pub draft_tokens: usize,
+    pub fixed_draft: bool,
+    pub context: usize,
+    pub json: bool,
+}
+
+pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
+    if args.draft_tokens == 0 || args.draft_tokens > MAX_DRAFT {
+        bail!(
+            "--draft-tokens {} is not between 1 and {MAX_DRAFT}",
+            args.draft_tokens
+        );
+    }
+    let set: PromptSet = toml::from_str(PROMPTS).context("tests/bench/spec-prompts.toml")?;
+    let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
+    let drafter = match args.draft {
+        Some(draft) => {
+            let drafter = load_model(draft, target.model.backend()).context("--draft")?;
+            crate::pair::refuse_failing_pair(target, &drafter)?;
+            Some(drafter)
+        }
+        None => None,
+    };
+    let config = SessionConfig {
+        context: args.context,
+        ..SessionConfig::default()
+    };
+    let policy = if args.fixed_draft {
+        DraftPolicy::Fixed(args.draft_tokens)
+    } else {
+        DraftPolicy::Adaptive(args.draft_tokens)
+    };
+    let speculative = |drafter: Box<dyn Drafter + Send>| -> anyhow::Result<Generator> {
+        Ok(Generator::Speculative(Speculator::new(
+            Arc::clone(&target.model),
+            config,
+            drafter,
+            policy,
+        )?))
+    };
+    let mut modes: Vec<(&'static str, Generator)> = vec![(
+        "plain",
+        Generator::Plain(lucebox_engine::Session::new(
+            Arc::clone(&target.model),
+            config,
+        )?),
+    )];
+    if let Some(drafter) = &drafter {
+        let model = ModelDrafter::new(Arc::clone(&drafter.model), args.context)?;
+        modes.push(("draft-model", speculative(Box::new(model))?));
+    }
+    modes.push(("ngram", speculative(Box::<NgramDrafter>::default())?));
+
+    let mut runs = Vec::new();
+    for prompt in &set.prompts {
+        let ids = prompt_tokens(target, &tokenizer, &prompt.text, prompt.chat, None)
+            .with_context(|| format!("prompt {}", prompt.name))?;
+        let mut plain: Option<(Vec<u32>, f64)> = None;
+        for (mode, generator) in &mut modes {
+            // A short untimed run first faults in this mode's weights and sizes its buffers.
+            let _ = generate(generator, &ids, 4, &tokenizer)?;
+            let (output, seconds, spec) = generate(generator, &ids, prompt.max_tokens, &tokenizer)?;
+            let rate = output.len().saturating_sub(1) as f64 / seconds;
+            let (plain_output, plain_rate) = plain.get_or_insert_with(|| (output.clone(), rate));
+            runs.push(Run {
+                prompt: prompt.name.clone(),
+                mode,
+                tokens: output.len(),
+                decode_tok_s: rate,
+                ratio_to_plain: rate / *plain_rate,
+                acceptance_rate: spec.as_ref().map(SpecStats::acceptance_rate),
+                mean_acceptance_length: spec.as_ref().map(SpecStats::mean_acceptance_length),
+                plain_steps: spec.as_ref().map(|s| s.plain_steps),
+                same_output_as_plain: output == *plain_output,
+            });
+        }
+    }
+    if args.json {
+        let report = serde_json::json!({
+            "model": target.label,
+            "draft": args.draft,
+            "policy": format!("{policy:?}"),
+            "runs": runs,
+        });
+        println!("{report}");
+    } else {
+        println!(
+            "model {}, draft {}, {policy:?}",
+            target.label,
+            args.draft.unwrap_or("none")
+        );
+        println!(
+            "{:<16} {:<12} {:>6} {:>9} {:>7} {:>7} {:>8} {:>6} {:>5}",
+            "prompt", "mode", "tokens", "tok/s", "ratio", "accept", "tok/rnd", "plain", "same"
+        );
+        for r in &runs {
+            let opt =
+                |v: Option<f64>, scale: f64| v.map_or("-".into(), |v| format!("{:.2}", v * scale));
+            println!(
+                "{:<16} {:<12} {:>6} {:>9.2} {:>7.2} {:>7} {:>8} {:>6} {:>5}",
+                r.prompt,
+                r.mode,
+                r.tokens,
+                r.decode_tok_s,
+                r.ratio_to_plain,
+                opt(r.acceptance_rate, 1.0),
+                opt(r.mean_acceptance_length, 1.0),
+                r.plain_steps.map_or("-".into(), |n| n.to_string()),
+                if r.same_output_as_plain { "yes" } else { "NO" },
+            );
+        }
+    }
+    if let Some(r) = runs.iter().find(|r| !r.same_output_as_plain) {
+        bail!(
+            "{} with {} produced other tokens than plain greedy decoding",
+            r.prompt,
+            r.mode
+        );
+    }
+    Ok(())
+}
+
+/// Greedy generation of up to `max_tokens`; the output, the seconds after the first token,
+/// and speculation's statistics.
+fn generate(
+    generator: &mut Generator,
+    prompt: &[u32],
+    max_tokens: usize,
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<(Vec<u32>, f64, Option<SpecStats>)> {
+    let mut sampler = Sampler::new(SamplingParams::default());
+    let mut output = Vec::new();
+    let (stats, spec) = generator.generate(
+        prompt,
+        &mut sampler,
+        max_tokens,
+        |t| tokenizer.is_end_of_generation(t),
+        |t| {
+            output.push(t);
+            ControlFlow::Continue(())
+        },
+    )?;
+    Ok((output, stats.decode.as_secs_f64(), spec))
+}
