@@ -6,7 +6,9 @@
 //! pass of n tokens from the rounds it has seen, and picks the k with the best expected tokens
 //! per second. k = 0 is plain decoding; when it wins, speculation is off for the sequence and
 //! an occasional short probe round refreshes the acceptance estimate, so speculation comes back
-//! when the text turns predictable again.
+//! when the text turns predictable again. No probe runs when the measured costs leave no room
+//! for a gain even at full acceptance: a probe is not free (a model drafter first catches up on
+//! every token since its last round).
 
 use std::time::Duration;
 
@@ -82,7 +84,12 @@ impl DraftLength {
         if best.1 > REQUIRED_GAIN / plain {
             return best.0;
         }
-        if self.plain_steps >= self.probe_after {
+        // A probe only refreshes the acceptance estimate: when even drafts that are always
+        // accepted would not beat plain decoding at the measured costs, it cannot pay.
+        let ceiling = (1..=self.max)
+            .map(|k| self.tokens_per_second(k, 1.0, draft))
+            .fold(0.0, f64::max);
+        if ceiling > REQUIRED_GAIN / plain && self.plain_steps >= self.probe_after {
             PROBE_DRAFT.min(self.max)
         } else {
             0
@@ -221,6 +228,21 @@ mod tests {
     fn an_expensive_drafter_is_not_used_even_when_accurate() {
         // Drafting costs as much as a target step: speculation cannot pay.
         assert_eq!(settle(0.9, 50.0, 5.0), 0);
+    }
+
+    #[test]
+    fn no_probes_when_even_perfect_drafts_cannot_pay() {
+        let mut c = DraftLength::new(8);
+        let mut drafted_rounds = 0;
+        for _ in 0..400 {
+            let k = c.choose();
+            if k > 0 {
+                drafted_rounds += 1;
+            }
+            // Every draft accepted, but verifying costs a full step per token.
+            c.observe(k, k, ms(20.0 * k as f64), ms(50.0 * (k + 1) as f64));
+        }
+        assert_eq!(drafted_rounds, 1, "only the first, measuring round");
     }
 
     #[test]
