@@ -543,6 +543,7 @@ mod tests {
         params: SamplingParams,
         p_logits: &[f32],
         q_logits: &[f32],
+        history: &[u32],
         draws: usize,
     ) -> Vec<f64> {
         let mut drafter = Sampler::new(SamplingParams {
@@ -554,10 +555,10 @@ mod tests {
         let mut counts = vec![0usize; p_logits.len()];
         let mut q = Distribution::default();
         for _ in 0..draws {
-            let (drafted, from) = drafter.sample_with_distribution(&mut q_logits.to_vec(), &[]);
+            let (drafted, from) = drafter.sample_with_distribution(&mut q_logits.to_vec(), history);
             q.copy_from(from);
             let token = verifier
-                .verify_draft(&mut p_logits.to_vec(), &[], drafted, &q, &mut dense)
+                .verify_draft(&mut p_logits.to_vec(), history, drafted, &q, &mut dense)
                 .unwrap_or(drafted);
             counts[token as usize] += 1;
         }
@@ -582,10 +583,19 @@ mod tests {
                 top_k: 3,
                 ..params(1.3)
             },
+            SamplingParams {
+                repetition_penalty: 1.3,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.2,
+                ..params(0.9)
+            },
         ] {
+            // The penalties, where set, see the same history on both sides.
+            let history = [0, 1, 1, 4];
             let mut exact = Sampler::new(params.clone());
-            let p = exact.distribution(&mut p_logits.to_vec(), &[]).clone();
-            let got = speculative_frequencies(params.clone(), &p_logits, &q_logits, DRAWS);
+            let p = exact.distribution(&mut p_logits.to_vec(), &history).clone();
+            let got =
+                speculative_frequencies(params.clone(), &p_logits, &q_logits, &history, DRAWS);
             for (t, &freq) in got.iter().enumerate() {
                 let want = f64::from(p.prob(t as u32));
                 let sigma = (want * (1.0 - want) / DRAWS as f64).sqrt();

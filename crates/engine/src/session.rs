@@ -289,43 +289,91 @@ impl<B: Backend> Session<B> {
         sampler: &mut Sampler,
         max_tokens: usize,
         is_end: impl Fn(u32) -> bool,
-        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+        on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerationStats, Error> {
-        let started = Instant::now();
+        let mut out = TokenSink::new(prompt.len(), max_tokens, is_end, on_token);
+        if max_tokens == 0 {
+            return Ok(out.finish());
+        }
         self.feed(prompt)?;
-        let mut stats = GenerationStats {
-            prompt_tokens: prompt.len(),
-            generated_tokens: 0,
-            prefill: Duration::ZERO,
-            decode: Duration::ZERO,
-            stop: StopReason::MaxTokens,
-        };
-        let mut decode_started = None;
-        while stats.generated_tokens < max_tokens {
-            let token = self.sample(sampler)?;
-            stats.generated_tokens += 1;
-            if decode_started.is_none() {
-                stats.prefill = started.elapsed();
-                decode_started = Some(Instant::now());
-            }
-            if on_token(token).is_break() {
-                stats.stop = StopReason::Caller;
-                break;
-            }
-            if is_end(token) {
-                stats.stop = StopReason::EndOfGeneration;
-                break;
-            }
-            if stats.generated_tokens == max_tokens {
-                break;
-            }
+        let mut token = self.sample(sampler)?;
+        out.prefill_done();
+        while out.push(token) {
             if self.tokens.len() == self.config.context {
-                stats.stop = StopReason::ContextFull;
-                break;
+                return Ok(out.stop(StopReason::ContextFull));
             }
             self.feed(&[token])?;
+            token = self.sample(sampler)?;
         }
-        stats.decode = decode_started.map_or(Duration::ZERO, |t| t.elapsed());
-        Ok(stats)
+        Ok(out.finish())
+    }
+}
+
+/// Where generated tokens go: it passes them to the caller, counts and times them, and says
+/// when generation must stop. Plain and speculative generation share it, so they stop alike.
+pub(crate) struct TokenSink<E, F> {
+    stats: GenerationStats,
+    max_tokens: usize,
+    started: Instant,
+    decode_started: Option<Instant>,
+    is_end: E,
+    on_token: F,
+}
+
+impl<E: Fn(u32) -> bool, F: FnMut(u32) -> ControlFlow<()>> TokenSink<E, F> {
+    /// A sink for a generation of up to `max_tokens` after a prompt of `prompt_tokens`,
+    /// starting its clock now.
+    pub(crate) fn new(prompt_tokens: usize, max_tokens: usize, is_end: E, on_token: F) -> Self {
+        Self {
+            stats: GenerationStats {
+                prompt_tokens,
+                generated_tokens: 0,
+                prefill: Duration::ZERO,
+                decode: Duration::ZERO,
+                stop: StopReason::MaxTokens,
+            },
+            max_tokens,
+            started: Instant::now(),
+            decode_started: None,
+            is_end,
+            on_token,
+        }
+    }
+
+    /// Marks the end of the prefill: the first token is chosen.
+    pub(crate) fn prefill_done(&mut self) {
+        self.stats.prefill = self.started.elapsed();
+        self.decode_started = Some(Instant::now());
+    }
+
+    /// Tokens that may still be generated.
+    pub(crate) fn remaining(&self) -> usize {
+        self.max_tokens - self.stats.generated_tokens
+    }
+
+    /// Passes `token` to the caller; `false` when generation must stop after it.
+    pub(crate) fn push(&mut self, token: u32) -> bool {
+        self.stats.generated_tokens += 1;
+        if (self.on_token)(token).is_break() {
+            self.stats.stop = StopReason::Caller;
+            return false;
+        }
+        if (self.is_end)(token) {
+            self.stats.stop = StopReason::EndOfGeneration;
+            return false;
+        }
+        self.remaining() > 0
+    }
+
+    /// The statistics of a generation stopped for `reason`.
+    pub(crate) fn stop(mut self, reason: StopReason) -> GenerationStats {
+        self.stats.stop = reason;
+        self.finish()
+    }
+
+    /// The statistics, with the decode time up to now.
+    pub(crate) fn finish(mut self) -> GenerationStats {
+        self.stats.decode = self.decode_started.map_or(Duration::ZERO, |t| t.elapsed());
+        self.stats
     }
 }

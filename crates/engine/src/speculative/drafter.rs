@@ -19,7 +19,7 @@ pub struct Draft {
 
 impl Draft {
     /// Forgets the proposed tokens.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.tokens.clear();
     }
 
@@ -102,7 +102,7 @@ pub trait Drafter {
     /// Starts a new sequence, sampled with `params`; it may share a prefix with the last one.
     fn start(&mut self, params: &SamplingParams) -> Result<(), Error>;
 
-    /// Proposes up to `max` tokens to follow `input.tokens` into `draft` (cleared first).
+    /// Proposes up to `max` tokens to follow `input.tokens` into `draft`, which comes empty.
     /// Proposing fewer, or none, is always allowed.
     fn propose(
         &mut self,
@@ -173,7 +173,6 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
         max: usize,
         draft: &mut Draft,
     ) -> Result<(), Error> {
-        draft.clear();
         let context = input.tokens;
         let room = self.session.config().context.saturating_sub(context.len());
         let max = max.min(room);
@@ -248,7 +247,6 @@ impl Drafter for NgramDrafter {
         max: usize,
         draft: &mut Draft,
     ) -> Result<(), Error> {
-        draft.clear();
         let tokens = input.tokens;
         if max == 0 {
             return Ok(());

@@ -45,6 +45,7 @@ pub use adaptive::{DraftLength, MAX_DRAFT};
 pub use drafter::{Draft, DraftInput, Drafter, ModelDrafter, NgramDrafter};
 pub use stats::SpecStats;
 
+use crate::session::TokenSink;
 use crate::{Error, GenerationStats, Sampler, Session, SessionConfig, StopReason};
 
 /// How many tokens each round drafts.
@@ -140,7 +141,7 @@ impl<B: Backend> Speculator<B> {
         sampler: &mut Sampler,
         max_tokens: usize,
         is_end: impl Fn(u32) -> bool,
-        mut on_token: impl FnMut(u32) -> ControlFlow<()>,
+        on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<(GenerationStats, SpecStats), Error> {
         if prompt.is_empty() {
             return Err(Error::InvalidParameter {
@@ -148,82 +149,57 @@ impl<B: Backend> Speculator<B> {
                 why: "is empty".into(),
             });
         }
-        let started = Instant::now();
         let mut spec = SpecStats::default();
-        let mut stats = GenerationStats {
-            prompt_tokens: prompt.len(),
-            generated_tokens: 0,
-            prefill: Duration::ZERO,
-            decode: Duration::ZERO,
-            stop: StopReason::MaxTokens,
-        };
+        let mut out = TokenSink::new(prompt.len(), max_tokens, is_end, on_token);
         if max_tokens == 0 {
-            return Ok((stats, spec));
+            return Ok((out.finish(), spec));
         }
         self.drafter.start(sampler.params())?;
         self.target.feed_reusing(prompt)?;
         let mut pending = self.target.sample(sampler)?;
-        stats.prefill = started.elapsed();
-        let decode_started = Instant::now();
+        out.prefill_done();
         let mut control = DraftLength::new(self.policy.longest());
-        let mut emit = |token: u32, stats: &mut GenerationStats| {
-            stats.generated_tokens += 1;
-            if on_token(token).is_break() {
-                stats.stop = StopReason::Caller;
-                return false;
-            }
-            if is_end(token) {
-                stats.stop = StopReason::EndOfGeneration;
-                return false;
-            }
-            stats.generated_tokens < max_tokens
-        };
-        if emit(pending, &mut stats) {
-            loop {
-                let room = self.target.config().context - self.target.tokens().len();
-                if room == 0 {
-                    stats.stop = StopReason::ContextFull;
-                    break;
-                }
-                let wanted = match self.policy {
-                    DraftPolicy::Fixed(k) => k,
-                    DraftPolicy::Adaptive(_) => control.choose(),
-                };
-                let k = wanted
-                    .min(max_tokens - stats.generated_tokens - 1)
-                    .min(room - 1);
-                let round = self.round(pending, k, sampler)?;
-                spec.record_round(round.drafted, round.accepted);
-                spec.draft_time += round.draft_time;
-                spec.verify_time += round.verify_time;
-                if round.drafted == 0 && k > 0 {
-                    control.observe_empty_draft(round.verify_time);
-                } else {
-                    control.observe(
-                        round.drafted,
-                        round.accepted,
-                        round.draft_time,
-                        round.verify_time,
-                    );
-                }
-                let accepted = self.draft.tokens()[..round.accepted].iter().copied();
-                if !accepted
-                    .chain([round.next])
-                    .all(|token| emit(token, &mut stats))
-                {
-                    break;
-                }
-                pending = round.next;
-            }
+        if !out.push(pending) {
+            return Ok((out.finish(), spec));
         }
-        stats.decode = decode_started.elapsed();
-        Ok((stats, spec))
+        loop {
+            let room = self.target.config().context - self.target.tokens().len();
+            if room == 0 {
+                return Ok((out.stop(StopReason::ContextFull), spec));
+            }
+            let wanted = match self.policy {
+                DraftPolicy::Fixed(k) => k,
+                DraftPolicy::Adaptive(_) => control.choose(),
+            };
+            // Nothing is drafted beyond what may still be generated or fit in the context.
+            let k = wanted.min(out.remaining() - 1).min(room - 1);
+            let round = self.round(pending, k, sampler)?;
+            spec.record_round(round.drafted, round.accepted);
+            spec.draft_time += round.draft_time;
+            spec.verify_time += round.verify_time;
+            if round.drafted == 0 && k > 0 {
+                control.observe_empty_draft(round.verify_time);
+            } else {
+                control.observe(
+                    round.drafted,
+                    round.accepted,
+                    round.draft_time,
+                    round.verify_time,
+                );
+            }
+            let accepted = self.draft.tokens()[..round.accepted].iter().copied();
+            if !accepted.chain([round.next]).all(|token| out.push(token)) {
+                return Ok((out.finish(), spec));
+            }
+            pending = round.next;
+        }
     }
 
     /// One round: drafts up to `k` tokens after `pending`, verifies them with the target and
     /// drops the rejected ones from its cache.
     fn round(&mut self, pending: u32, k: usize, sampler: &mut Sampler) -> Result<Round, Error> {
         let draft_started = Instant::now();
+        self.draft.clear();
         if k > 0 {
             self.sequence.clear();
             self.sequence.extend_from_slice(self.target.tokens());
@@ -231,8 +207,6 @@ impl<B: Backend> Speculator<B> {
             self.drafter
                 .propose(&DraftInput::new(&self.sequence), k, &mut self.draft)?;
             self.draft.truncate(k);
-        } else {
-            self.draft.clear();
         }
         let draft_time = draft_started.elapsed();
 
