@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use lucebox_backend::CpuBackend;
 use lucebox_engine::speculative::{
-    DraftPolicy, Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+    DraftPolicy, Drafter, MAX_DRAFT, ModelDrafter, NgramDrafter, SpecStats, Speculator,
 };
 use lucebox_engine::{GenerationStats, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
@@ -75,25 +75,33 @@ impl SpeculationArgs {
         let Some(draft) = &self.draft else {
             return Ok(None);
         };
-        let drafter = load_model(draft, target.model.backend()).context("--draft")?;
-        crate::pair::refuse_failing_pair(target, &drafter)?;
+        let drafter = load_drafter(draft, target)?;
         Ok(Some(Box::new(ModelDrafter::new(drafter.model, context)?)))
     }
 
     pub(crate) fn policy(&self) -> anyhow::Result<DraftPolicy> {
-        if self.draft_tokens == 0 || self.draft_tokens > lucebox_engine::speculative::MAX_DRAFT {
-            bail!(
-                "--draft-tokens {} is not between 1 and {}",
-                self.draft_tokens,
-                lucebox_engine::speculative::MAX_DRAFT
-            );
-        }
-        Ok(if self.fixed_draft {
-            DraftPolicy::Fixed(self.draft_tokens)
-        } else {
-            DraftPolicy::Adaptive(self.draft_tokens)
-        })
+        draft_policy(self.draft_tokens, self.fixed_draft)
     }
+}
+
+/// The drafter model `arg` on the target's backend, refused with a one-line reason when the
+/// pair fails the checks that need no model run.
+pub(crate) fn load_drafter(arg: &str, target: &Loaded) -> anyhow::Result<Loaded> {
+    let drafter = load_model(arg, target.model.backend()).context("--draft")?;
+    crate::pair::refuse_failing_pair(target, &drafter)?;
+    Ok(drafter)
+}
+
+/// The policy of `--draft-tokens` and `--fixed-draft`.
+pub(crate) fn draft_policy(draft_tokens: usize, fixed: bool) -> anyhow::Result<DraftPolicy> {
+    if draft_tokens == 0 || draft_tokens > MAX_DRAFT {
+        bail!("--draft-tokens {draft_tokens} is not between 1 and {MAX_DRAFT}");
+    }
+    Ok(if fixed {
+        DraftPolicy::Fixed(draft_tokens)
+    } else {
+        DraftPolicy::Adaptive(draft_tokens)
+    })
 }
 
 /// Sampling flags, shared by the commands that generate. Negative numbers are taken as values

@@ -12,6 +12,7 @@ use lucebox_engine::{Sampler, SamplingParams, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::Serialize;
 
+use crate::generate::prompt_tokens;
 use crate::load::{Loaded, cpu_backend, load_model};
 
 #[derive(Debug, clap::Args)]
@@ -197,12 +198,7 @@ fn run_probe(target: &Loaded, drafter: &Loaded, tokens: usize) -> anyhow::Result
     )?;
     let mut total = SpecStats::default();
     for text in PROBE_PROMPTS {
-        let mut prompt: Vec<u32> = tokenizer
-            .bos()
-            .filter(|_| tokenizer.add_bos())
-            .into_iter()
-            .collect();
-        prompt.extend(tokenizer.encode(text, false));
+        let prompt = prompt_tokens(target, &tokenizer, text, false, None)?;
         let mut sampler = Sampler::new(SamplingParams::default());
         let (_, stats) = speculator.generate(
             &prompt,

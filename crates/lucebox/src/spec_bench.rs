@@ -5,15 +5,13 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use lucebox_engine::speculative::{
-    DraftPolicy, Drafter, MAX_DRAFT, ModelDrafter, NgramDrafter, SpecStats, Speculator,
-};
+use lucebox_engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator};
 use lucebox_engine::{Sampler, SamplingParams, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
-use crate::generate::{Generator, prompt_tokens};
-use crate::load::{Loaded, load_model};
+use crate::generate::{Generator, draft_policy, load_drafter, prompt_tokens};
+use crate::load::Loaded;
 
 /// The prompt set, embedded at build time.
 const PROMPTS: &str = include_str!("../../../tests/bench/spec-prompts.toml");
@@ -56,30 +54,16 @@ pub(crate) struct SpecBenchArgs<'a> {
 }
 
 pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
-    if args.draft_tokens == 0 || args.draft_tokens > MAX_DRAFT {
-        bail!(
-            "--draft-tokens {} is not between 1 and {MAX_DRAFT}",
-            args.draft_tokens
-        );
-    }
+    let policy = draft_policy(args.draft_tokens, args.fixed_draft)?;
     let set: PromptSet = toml::from_str(PROMPTS).context("tests/bench/spec-prompts.toml")?;
     let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
-    let drafter = match args.draft {
-        Some(draft) => {
-            let drafter = load_model(draft, target.model.backend()).context("--draft")?;
-            crate::pair::refuse_failing_pair(target, &drafter)?;
-            Some(drafter)
-        }
-        None => None,
-    };
+    let drafter = args
+        .draft
+        .map(|draft| load_drafter(draft, target))
+        .transpose()?;
     let config = SessionConfig {
         context: args.context,
         ..SessionConfig::default()
-    };
-    let policy = if args.fixed_draft {
-        DraftPolicy::Fixed(args.draft_tokens)
-    } else {
-        DraftPolicy::Adaptive(args.draft_tokens)
     };
     let speculative = |drafter: Box<dyn Drafter + Send>| -> anyhow::Result<Generator> {
         Ok(Generator::Speculative(Speculator::new(
