@@ -143,20 +143,33 @@ impl Distribution {
 
     /// Draws a token with one uniform number from `rng`.
     pub fn draw(&self, rng: &mut Rng) -> u32 {
-        let u = rng.next_f64();
-        let mut cumulative = 0.0f64;
-        for &(p, t) in &self.entries {
-            cumulative += f64::from(p);
-            if u < cumulative {
-                return t;
+        draw_weighted(&self.entries, |&(p, _)| f64::from(p), 1.0, rng)
+    }
+}
+
+/// Draws one of `entries`' tokens with one uniform number from `rng`, each with probability
+/// `weight(entry) / total`; the weights are non-negative and sum to `total` > 0. Rounding can
+/// leave the walk a hair short of `total`: the last token of positive weight takes the rest.
+fn draw_weighted(
+    entries: &[(f32, u32)],
+    weight: impl Fn(&(f32, u32)) -> f64,
+    total: f64,
+    rng: &mut Rng,
+) -> u32 {
+    let target = rng.next_f64() * total;
+    let mut cumulative = 0.0;
+    let mut last = None;
+    for entry in entries {
+        let w = weight(entry);
+        if w > 0.0 {
+            cumulative += w;
+            last = Some(entry.1);
+            if target < cumulative {
+                break;
             }
         }
-        // Rounding can leave the sum a hair under 1: the last token takes the remainder.
-        self.entries
-            .last()
-            .expect("a distribution is never empty")
-            .1
     }
+    last.expect("positive total weight has a token")
 }
 
 /// Chooses tokens for one sequence: its parameters, its random stream, and scratch space that
@@ -276,20 +289,7 @@ impl Sampler {
             // Greedy verification lands here: the replacement is certain, nothing is drawn.
             last
         } else if mass > 0.0 {
-            let target = self.rng.next_f64() * mass;
-            let mut cumulative = 0.0;
-            let mut chosen = None;
-            for entry in &p.entries {
-                let r = residual(entry);
-                cumulative += r;
-                if r > 0.0 {
-                    chosen = Some(entry.1);
-                    if target < cumulative {
-                        break;
-                    }
-                }
-            }
-            chosen.expect("positive mass has a token")
+            draw_weighted(&p.entries, residual, mass, &mut self.rng)
         } else {
             // p and q agree to rounding, yet the draw rejected: p itself is the residual's limit.
             p.draw(&mut self.rng)

@@ -173,30 +173,29 @@ impl<B: Backend> Session<B> {
     /// Appends `tokens` to the sequence, in chunks of at most `prefill_chunk`, and keeps the
     /// logits of the last one for [`sample`](Self::sample).
     pub fn feed(&mut self, tokens: &[u32]) -> Result<(), Error> {
-        let total = self.tokens.len() + tokens.len();
-        if total > self.config.context {
-            return Err(Error::ContextFull {
-                tokens: total,
-                context: self.config.context,
-            });
-        }
         // Checked for the whole input first, so a prompt that does not fit changes nothing.
+        self.check_room(tokens.len())?;
         for chunk in tokens.chunks(self.config.prefill_chunk) {
             self.forward_chunk(chunk, false)?;
         }
         Ok(())
     }
 
-    /// One forward pass over `chunk`, keeping the logits of every token when `score_all`, else
-    /// of the last one.
-    fn forward_chunk(&mut self, chunk: &[u32], score_all: bool) -> Result<(), Error> {
-        let total = self.tokens.len() + chunk.len();
+    /// Refuses `extra` more tokens when the context cannot hold them.
+    fn check_room(&self, extra: usize) -> Result<(), Error> {
+        let total = self.tokens.len() + extra;
         if total > self.config.context {
             return Err(Error::ContextFull {
                 tokens: total,
                 context: self.config.context,
             });
         }
+        Ok(())
+    }
+
+    /// One forward pass over `chunk`, which must fit in the context, keeping the logits of
+    /// every token when `score_all`, else of the last one.
+    fn forward_chunk(&mut self, chunk: &[u32], score_all: bool) -> Result<(), Error> {
         let reserved = self.sequence.reserve(&mut self.pool, chunk.len());
         assert!(reserved, "the pool holds the whole context");
         self.batch.clear();
@@ -228,6 +227,7 @@ impl<B: Backend> Session<B> {
                 ),
             });
         }
+        self.check_room(tokens.len())?;
         self.forward_chunk(tokens, true)
     }
 

@@ -63,14 +63,14 @@ fn config() -> SessionConfig {
 }
 
 fn plain(
-    model: &Arc<Model<CpuBackend>>,
+    session: &mut Session<CpuBackend>,
     prompt: &[u32],
     params: &SamplingParams,
     n: usize,
 ) -> Vec<u32> {
-    let mut session = Session::new(Arc::clone(model), config()).unwrap();
     let mut sampler = Sampler::new(params.clone());
     let mut out = Vec::new();
+    session.reset();
     session
         .generate(
             prompt,
@@ -121,9 +121,10 @@ fn greedy_speculation_reproduces_plain_greedy_decoding() {
     let (_, drafter) = common::load(DRAFTER);
     let greedy = SamplingParams::default();
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tokenize(&file, p)).collect();
+    let mut session = Session::new(Arc::clone(&target), config()).unwrap();
     let expected: Vec<Vec<u32>> = prompts
         .iter()
-        .map(|p| plain(&target, p, &greedy, TOKENS))
+        .map(|p| plain(&mut session, p, &greedy, TOKENS))
         .collect();
     let setups: [(&str, Box<dyn Drafter + Send>, DraftPolicy); 5] = [
         ("model, k=1", model_drafter(&drafter), DraftPolicy::Fixed(1)),
@@ -280,21 +281,12 @@ fn sampled_speculation_draws_from_the_target_distribution() {
         for seed in 0..SAMPLES as u64 {
             let (spec, stats) = speculative(&mut speculator, &prompt, &params(seed), TOKENS);
             total.add(&stats);
-            let mut reference = Vec::new();
-            let mut sampler = Sampler::new(params(seed + 1_000_000));
-            plain_session.reset();
-            plain_session
-                .generate(
-                    &prompt,
-                    &mut sampler,
-                    TOKENS,
-                    |_| false,
-                    |t| {
-                        reference.push(t);
-                        ControlFlow::Continue(())
-                    },
-                )
-                .unwrap();
+            let reference = plain(
+                &mut plain_session,
+                &prompt,
+                &params(seed + 1_000_000),
+                TOKENS,
+            );
             for (i, (s, p)) in spec.iter().zip(&reference).enumerate() {
                 by_position[i].0.push(*s);
                 by_position[i].1.push(*p);

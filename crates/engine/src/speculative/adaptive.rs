@@ -27,6 +27,14 @@ const LONGEST_PROBE_AFTER: u32 = 256;
 /// The draft length of the first speculative round and of probe rounds.
 const PROBE_DRAFT: usize = 2;
 
+/// What the measurements call for.
+enum Verdict {
+    /// Draft this many tokens.
+    Draft(usize),
+    /// Decode plainly; a probe round may still turn speculation back on, or it may not.
+    Plain { probe_may_pay: bool },
+}
+
 /// An exponential moving average that starts at its first observation.
 #[derive(Clone, Copy, Debug, Default)]
 struct Average(Option<f64>);
@@ -66,33 +74,48 @@ impl DraftLength {
 
     /// The draft length for the next round.
     pub fn choose(&self) -> usize {
+        match self.verdict() {
+            Verdict::Draft(k) => k,
+            Verdict::Plain { probe_may_pay } => {
+                if probe_may_pay && self.plain_steps >= self.probe_after {
+                    PROBE_DRAFT.min(self.max)
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    /// What the measurements so far call for, probes aside.
+    fn verdict(&self) -> Verdict {
+        let plain_only = Verdict::Plain {
+            probe_may_pay: false,
+        };
         if self.max == 0 {
-            return 0;
+            return plain_only;
         }
         // Measure plain decoding first, then a short draft: the cost model extrapolates from
         // both, and a short first draft is cheap where verifying costs much more than a step.
         let Some(plain) = self.verify_cost[0].0 else {
-            return 0;
+            return plain_only;
         };
         let (Some(acceptance), Some(draft)) = (self.acceptance.0, self.draft_cost.0) else {
-            return PROBE_DRAFT.min(self.max);
+            return Verdict::Draft(PROBE_DRAFT.min(self.max));
         };
         let best = (1..=self.max)
             .map(|k| (k, self.tokens_per_second(k, acceptance, draft)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .expect("max >= 1");
         if best.1 > REQUIRED_GAIN / plain {
-            return best.0;
+            return Verdict::Draft(best.0);
         }
         // A probe only refreshes the acceptance estimate: when even drafts that are always
         // accepted would not beat plain decoding at the measured costs, it cannot pay.
         let ceiling = (1..=self.max)
             .map(|k| self.tokens_per_second(k, 1.0, draft))
             .fold(0.0, f64::max);
-        if ceiling > REQUIRED_GAIN / plain && self.plain_steps >= self.probe_after {
-            PROBE_DRAFT.min(self.max)
-        } else {
-            0
+        Verdict::Plain {
+            probe_may_pay: ceiling > REQUIRED_GAIN / plain,
         }
     }
 
@@ -153,7 +176,7 @@ impl DraftLength {
         }
         if self.plain_steps >= self.probe_after {
             // That was a probe: if speculation stays off, wait longer before the next one.
-            let still_off = self.choose_without_probe() == 0;
+            let still_off = matches!(self.verdict(), Verdict::Plain { .. });
             self.probe_after = if still_off {
                 (self.probe_after * 2).min(LONGEST_PROBE_AFTER)
             } else {
@@ -167,14 +190,6 @@ impl DraftLength {
     /// match): a plain step that says nothing about acceptance.
     pub fn observe_empty_draft(&mut self, verify_time: Duration) {
         self.verify_cost[0].observe(verify_time.as_secs_f64());
-    }
-
-    fn choose_without_probe(&self) -> usize {
-        let probe_pending = Self {
-            plain_steps: 0,
-            ..self.clone()
-        };
-        probe_pending.choose()
     }
 }
 
@@ -203,6 +218,20 @@ mod tests {
         k
     }
 
+    /// Runs 400 rounds, `round(k)` giving each the accepted tokens, draft and verify
+    /// milliseconds; returns how many rounds drafted.
+    fn drafted_rounds(round: impl Fn(usize) -> (usize, f64, f64)) -> usize {
+        let mut c = DraftLength::new(8);
+        let mut drafted = 0;
+        for _ in 0..400 {
+            let k = c.choose();
+            drafted += usize::from(k > 0);
+            let (accepted, draft, verify) = round(k);
+            c.observe(k, accepted, ms(draft), ms(verify));
+        }
+        drafted
+    }
+
     #[test]
     fn a_cheap_accurate_drafter_drafts_long() {
         assert!(settle(0.95, 2.0, 1.0) >= 4);
@@ -210,15 +239,7 @@ mod tests {
 
     #[test]
     fn a_drafter_that_is_never_right_turns_speculation_off() {
-        let mut c = DraftLength::new(8);
-        let mut drafted_rounds = 0;
-        for _ in 0..400 {
-            let k = c.choose();
-            if k > 0 {
-                drafted_rounds += 1;
-            }
-            c.observe(k, 0, ms(20.0 * k as f64), ms(50.0 + 5.0 * k as f64));
-        }
+        let drafted_rounds = drafted_rounds(|k| (0, 20.0 * k as f64, 50.0 + 5.0 * k as f64));
         // The first short round, then probes at growing intervals: a handful in all.
         assert!(drafted_rounds <= 8, "{drafted_rounds} drafted rounds");
         assert!(drafted_rounds >= 2, "probes continue");
@@ -232,16 +253,8 @@ mod tests {
 
     #[test]
     fn no_probes_when_even_perfect_drafts_cannot_pay() {
-        let mut c = DraftLength::new(8);
-        let mut drafted_rounds = 0;
-        for _ in 0..400 {
-            let k = c.choose();
-            if k > 0 {
-                drafted_rounds += 1;
-            }
-            // Every draft accepted, but verifying costs a full step per token.
-            c.observe(k, k, ms(20.0 * k as f64), ms(50.0 * (k + 1) as f64));
-        }
+        // Every draft accepted, but verifying costs a full step per token.
+        let drafted_rounds = drafted_rounds(|k| (k, 20.0 * k as f64, 50.0 * (k + 1) as f64));
         assert_eq!(drafted_rounds, 1, "only the first, measuring round");
     }
 

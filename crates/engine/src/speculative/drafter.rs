@@ -117,8 +117,6 @@ pub trait Drafter {
 pub struct ModelDrafter<B: Backend> {
     session: Session<B>,
     sampler: Sampler,
-    /// The logits row proposals are drawn from, on the host.
-    row: Vec<f32>,
 }
 
 impl<B: Backend> std::fmt::Debug for ModelDrafter<B> {
@@ -143,11 +141,9 @@ impl<B: Backend> ModelDrafter<B> {
                 ..SessionConfig::default()
             },
         )?;
-        let vocab = session.model().config().vocab;
         Ok(Self {
             session,
             sampler: Sampler::new(SamplingParams::default()),
-            row: vec![0.0; vocab],
         })
     }
 }
@@ -186,10 +182,9 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
                 let token = self.session.sample(&mut self.sampler)?;
                 draft.push_certain(token);
             } else {
-                self.session.last_logits(&mut self.row)?;
-                let (token, from) = self
-                    .sampler
-                    .sample_with_distribution(&mut self.row, self.session.tokens());
+                // After feed_reusing or feed, the pass kept one row: the last token's.
+                let (row, history) = self.session.read_logits()?;
+                let (token, from) = self.sampler.sample_with_distribution(row, history);
                 draft.push_drawn(token, from);
             }
             if i + 1 < max {

@@ -230,28 +230,27 @@ impl<B: Backend> Speculator<B> {
         } else {
             let vocab = self.target.model().config().vocab;
             let (rows, tokens) = self.target.read_logits()?;
-            let mut verdict = (drafted, None);
-            for (i, row) in rows.chunks_exact_mut(vocab).take(drafted).enumerate() {
+            let mut rows = rows.chunks_exact_mut(vocab);
+            let mut accepted = 0;
+            let mut replacement = None;
+            for (i, row) in rows.by_ref().take(drafted).enumerate() {
                 let history = &tokens[..base + 1 + i];
-                let drafted_token = self.draft.tokens()[i];
-                let from = self.draft.distribution(i);
-                if let Some(replacement) =
-                    sampler.verify_draft(row, history, drafted_token, from, &mut self.dense)
-                {
-                    verdict = (i, Some(replacement));
+                let (token, from) = (self.draft.tokens()[i], self.draft.distribution(i));
+                replacement = sampler.verify_draft(row, history, token, from, &mut self.dense);
+                if replacement.is_some() {
                     break;
                 }
+                accepted += 1;
             }
-            match verdict {
-                (accepted, Some(replacement)) => (accepted, replacement),
-                (accepted, None) => {
-                    let row = &mut rows[accepted * vocab..(accepted + 1) * vocab];
-                    (
-                        accepted,
-                        sampler.sample(row, &tokens[..base + 1 + accepted]),
-                    )
+            let next = match replacement {
+                Some(token) => token,
+                // Every draft accepted: the bonus token comes from the row after the last.
+                None => {
+                    let row = rows.next().expect("a row after the drafts");
+                    sampler.sample(row, &tokens[..base + 1 + accepted])
                 }
-            }
+            };
+            (accepted, next)
         };
         self.target.truncate(base + 1 + accepted);
         Ok(Round {
