@@ -14,8 +14,63 @@ use crate::legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 /// hold the same number of whole blocks and that the CPU has the ISA the kernel was compiled for.
 pub(crate) type DotFn = unsafe fn(&[u8], &[u8]) -> f32;
 
-/// Dot products of one weight row with four activation rows, under [`DotFn`]'s conditions.
-pub(crate) type Dot4Fn = unsafe fn(&[u8], [&[u8]; 4]) -> [f32; 4];
+/// Dot products of one weight row with `out.len()` activation rows stored back to back, between
+/// one and the tile's `max_rows`, under [`DotFn`]'s conditions.
+pub(crate) type DotTileFn = unsafe fn(&[u8], &[u8], &mut [f32]);
+
+/// A kernel that unpacks each weight block once for several activation rows.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    dot: DotTileFn,
+    max_rows: usize,
+}
+
+/// A kernel family for `R` activation rows at once, `R` known at compile time so that each row's
+/// sums stay in registers.
+pub(crate) trait RowsKernel {
+    /// The most rows whose sums fit the vector registers.
+    const MAX_ROWS: usize;
+    /// # Safety
+    /// The CPU has the kernel's instruction set, and each activation row holds as many elements
+    /// as `weight`.
+    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R];
+}
+
+impl Tile {
+    /// The tile of `K`, for any row count up to `K::MAX_ROWS`.
+    pub(crate) const fn of<K: RowsKernel>() -> Tile {
+        assert!(K::MAX_ROWS <= 8, "tiles are instantiated for up to 8 rows");
+        Tile {
+            dot: dot_tile::<K>,
+            max_rows: K::MAX_ROWS,
+        }
+    }
+}
+
+/// Runs `K::dot::<R>` for `R = out.len()`.
+///
+/// # Safety
+/// As [`RowsKernel::dot`], and `out.len()` is between 1 and `K::MAX_ROWS`.
+unsafe fn dot_tile<K: RowsKernel>(weight: &[u8], activations: &[u8], out: &mut [f32]) {
+    fn split<const R: usize>(activations: &[u8]) -> [&[u8]; R] {
+        let bytes = activations.len() / R;
+        std::array::from_fn(|i| &activations[i * bytes..(i + 1) * bytes])
+    }
+    // SAFETY: the caller's conditions are the kernel's.
+    unsafe {
+        match out.len() {
+            1 => out.copy_from_slice(&K::dot::<1>(weight, split(activations))),
+            2 => out.copy_from_slice(&K::dot::<2>(weight, split(activations))),
+            3 => out.copy_from_slice(&K::dot::<3>(weight, split(activations))),
+            4 => out.copy_from_slice(&K::dot::<4>(weight, split(activations))),
+            5 => out.copy_from_slice(&K::dot::<5>(weight, split(activations))),
+            6 => out.copy_from_slice(&K::dot::<6>(weight, split(activations))),
+            7 => out.copy_from_slice(&K::dot::<7>(weight, split(activations))),
+            8 => out.copy_from_slice(&K::dot::<8>(weight, split(activations))),
+            rows => unreachable!("a tile of {rows} rows"),
+        }
+    }
+}
 
 /// One weight storage format: its block layout and its kernels.
 ///
@@ -35,13 +90,13 @@ pub(crate) trait Format {
     /// The AVX-512 dot product, where one beats the AVX2 one.
     #[cfg(target_arch = "x86_64")]
     const AVX512_DOT: DotFn = Self::AVX2_DOT;
-    /// An AVX2 kernel for four activation rows at once, where unpacking each weight block once
-    /// for all four pays.
+    /// An AVX2 kernel for several activation rows at once, where unpacking each weight block once
+    /// for all of them pays.
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT4: Option<Dot4Fn> = None;
-    /// The AVX-512 kernel for four activation rows.
+    const AVX2_TILE: Option<Tile> = None;
+    /// The AVX-512 kernel for several activation rows.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT4: Option<Dot4Fn> = Self::AVX2_DOT4;
+    const AVX512_TILE: Option<Tile> = Self::AVX2_TILE;
 }
 
 /// Declares the supported formats, once.
@@ -69,16 +124,16 @@ struct Kernels {
     dequantize: fn(&[u8], &mut [f32]),
     quantize_activation: QuantizeFn,
     dot: DotFn,
-    dot4: Option<Dot4Fn>,
+    tile: Option<Tile>,
 }
 
 impl Kernels {
     fn of<F: Format>(isa: Isa) -> Kernels {
-        let (dot, dot4): (DotFn, Option<Dot4Fn>) = match isa {
+        let (dot, tile): (DotFn, Option<Tile>) = match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => (F::AVX2_DOT, F::AVX2_DOT4),
+            Isa::Avx2 => (F::AVX2_DOT, F::AVX2_TILE),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => (F::AVX512_DOT, F::AVX512_DOT4),
+            Isa::Avx512 => (F::AVX512_DOT, F::AVX512_TILE),
             _ => (F::dot, None),
         };
         Kernels {
@@ -86,7 +141,7 @@ impl Kernels {
             dequantize: F::dequantize,
             quantize_activation: F::ACTIVATION.quantizer(isa),
             dot,
-            dot4,
+            tile,
         }
     }
 }
@@ -200,12 +255,19 @@ impl WeightFormat {
         unsafe { (self.kernels.dot)(weight_row, activation_row) }
     }
 
+    /// How many activation rows [`dot_rows`](Self::dot_rows) multiplies per pass over a weight
+    /// row: 1 where the format has no kernel for several rows.
+    pub fn tile_rows(&self) -> usize {
+        self.kernels.tile.map_or(1, |tile| tile.max_rows)
+    }
+
     /// The dot products of one weight row with several quantized activation rows, stored back to
     /// back: `out[i]` is [`dot`](Self::dot) of the weight row with activation row `i`.
     ///
     /// Formats with a kernel for several rows (on x86-64: Q4_K and Q5_K, and Q6_K with AVX-512)
-    /// unpack each weight block once for four activation rows, which makes a prefill's matmuls
-    /// cheaper; the others take the rows one by one. Either way the results equal `dot`'s, bit
+    /// unpack each weight block once for up to [`tile_rows`](Self::tile_rows) activation rows,
+    /// which makes a prefill's and a speculative verify's matmuls cheaper; the others take the
+    /// rows one by one. Either way the results equal `dot`'s, bit
     /// for bit.
     ///
     /// # Panics
@@ -224,18 +286,21 @@ impl WeightFormat {
             out.fill(0.0);
             return;
         }
-        let Some(dot4) = self.kernels.dot4 else {
+        let Some(tile) = self.kernels.tile else {
             return self.dot_each(weight_row, activation_rows, row_bytes, out);
         };
-        let (out_quads, out_rest) = out.as_chunks_mut::<4>();
-        let row_quads = activation_rows.chunks_exact(4 * row_bytes);
-        let row_rest = row_quads.remainder();
-        for (out, rows) in out_quads.iter_mut().zip(row_quads) {
-            let four = std::array::from_fn(|i| &rows[i * row_bytes..(i + 1) * row_bytes]);
-            // SAFETY: `new` checked that the CPU has `isa`, and the lengths match.
-            *out = unsafe { dot4(weight_row, four) };
+        // Equal tiles: seven rows on a kernel of four take four and three, not four and one,
+        // as unpacking a block costs the same for any number of rows.
+        let tiles = out.len().div_ceil(tile.max_rows);
+        let mut first = 0;
+        for t in 0..tiles {
+            let rows = (out.len() - first) / (tiles - t);
+            let activations = &activation_rows[first * row_bytes..(first + rows) * row_bytes];
+            // SAFETY: `new` checked that the CPU has `isa`, the lengths match, and `rows` is
+            // between 1 and `tile.max_rows`.
+            unsafe { (tile.dot)(weight_row, activations, &mut out[first..first + rows]) };
+            first += rows;
         }
-        self.dot_each(weight_row, row_rest, row_bytes, out_rest);
     }
 
     /// [`dot_rows`](Self::dot_rows) one row at a time, the lengths checked.

@@ -32,7 +32,18 @@ const PREFETCH_DISTANCE: usize = 8 << 10;
 /// a weight row lie, in a matrix, the rows that will be multiplied next.
 #[inline(always)]
 pub(crate) fn prefetch_ahead(weights: &[u8]) {
-    let ahead = weights.as_ptr().wrapping_add(PREFETCH_DISTANCE);
+    prefetch_ahead_of_rows::<1>(weights);
+}
+
+/// [`prefetch_ahead`] for a kernel multiplying each weight block with `R` activation rows. Each
+/// weight byte then takes `R` times as long, so the same lead in time needs fewer bytes; and
+/// lines fetched too early are evicted from L1 by those rows' activations before their use (at
+/// eight rows on Sapphire Rapids, 8 KiB ahead ran 35% slower than 2 KiB from DRAM; one row ran
+/// 10% slower at 2 KiB).
+#[inline(always)]
+pub(crate) fn prefetch_ahead_of_rows<const R: usize>(weights: &[u8]) {
+    let distance = (2 * PREFETCH_DISTANCE / R).clamp(PREFETCH_DISTANCE / 4, PREFETCH_DISTANCE);
+    let ahead = weights.as_ptr().wrapping_add(distance);
     for offset in (0..weights.len()).step_by(64) {
         // SAFETY: a prefetch is a hint: it never faults and reads nothing architecturally, so
         // any address, even one past the row or past the end of memory, is allowed.

@@ -6,8 +6,9 @@ use super::CpuMatrix;
 use super::pool::{DisjointMut, ThreadPool};
 
 /// Activation rows multiplied together against one weight row: the quant kernels unpack a weight
-/// block once for up to four activation rows.
-const ACTIVATION_TILE: usize = 4;
+/// block once for up to eight activation rows (fewer on some formats and instruction sets, where
+/// `dot_rows` splits the tile evenly).
+const ACTIVATION_TILE: usize = 8;
 
 /// `out[r][j] = dot(matrix row j, x row r) (+ bias[j])` for `rows` rows of `x`.
 pub(super) fn matmul(

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use crate::activation::split256;
 use crate::bytes::f32_at;
 use crate::simd::{
-    array, f16_at, load_f32x8, load128, load256, prefetch_ahead, store256, sum_f32x8,
+    array, f16_at, load_f32x8, load128, load256, prefetch_ahead_of_rows, store256, sum_f32x8,
 };
 
 /// Blocks whose scales are unpacked, in a first pass, before their products are taken.
@@ -112,7 +112,7 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
             }
         }
         for ((i, w), scales) in weights.iter().enumerate().zip(&scales) {
-            prefetch_ahead(w);
+            prefetch_ahead_of_rows::<R>(w);
             let scale = |s: usize| _mm256_set1_epi32(i32::from_le_bytes(*array(scales, 4 * s)));
             let high = fifth_bits(w);
             let mut sums = [[_mm256_setzero_si256(); 2]; R];
@@ -151,22 +151,22 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_with_mins::<144, 16, 1>(weight, [activation], |_| [_mm256_setzero_si256(); 8])[0]
+    dot_q4_k_rows::<1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot4_q4_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
-    dot_with_mins::<144, 16, 4>(weight, activations, |_| [_mm256_setzero_si256(); 8])
+pub(super) fn dot_q4_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+    dot_with_mins::<144, 16, R>(weight, activations, |_| [_mm256_setzero_si256(); 8])
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_with_mins::<176, 48, 1>(weight, [activation], |w| q5_k_fifth_bits(w))[0]
+    dot_q5_k_rows::<1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot4_q5_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
-    dot_with_mins::<176, 48, 4>(weight, activations, |w| q5_k_fifth_bits(w))
+pub(super) fn dot_q5_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+    dot_with_mins::<176, 48, R>(weight, activations, |w| q5_k_fifth_bits(w))
 }
 
 /// 16 in byte `l` of sub-block `s` where bit `s` of Q5_K's high-bit byte `l` is set.
@@ -223,7 +223,7 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
     // constant mask into two or three cheaper-looking ones, all on the busiest port.
     let pair_masks = std::hint::black_box(&Q6_K_SCALE_PAIRS);
     for (i, w) in weights.iter().enumerate() {
-        prefetch_ahead(w);
+        prefetch_ahead_of_rows::<R>(w);
         let d = f16_at(w, 208);
         // The offset of 32: -32 * d * sum_g scale[g] * (activation sum of group g).
         let offset_scale = _mm256_set1_ps(-32.0 * d);

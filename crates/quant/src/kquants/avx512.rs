@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use crate::activation::split256;
 use crate::bytes::f32_at;
 use crate::simd::{
-    array, dpwssd512, f16_at, load128, load256, load512, prefetch_ahead, sum_f32x16,
+    array, dpwssd512, f16_at, load128, load256, load512, prefetch_ahead_of_rows, sum_f32x16,
 };
 
 /// `(a & 0x0f) | b`, for `b` without bits in the low nibble.
@@ -23,15 +23,9 @@ pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
     dot_q6_k_rows::<1>(weight, [activation])[0]
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot4_q6_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
-    dot_q6_k_rows::<4>(weight, activations)
-}
-
 /// Q6_K with `R` activation rows, the weights unpacked once for both parts of all of them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+pub(super) fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
     let weights = weight.as_chunks::<210>().0;
     let rows = activations.map(|a| a.as_chunks::<{ split256::BYTES }>().0);
     let bits_4_5 = _mm512_set1_epi8(0x30);
@@ -52,7 +46,7 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
     });
     let mut acc = [_mm512_setzero_ps(); R];
     for (i, w) in weights.iter().enumerate() {
-        prefetch_ahead(w);
+        prefetch_ahead_of_rows::<R>(w);
         let d = f16_at(w, 208);
         let scales_i8 = load128(array(w, 192));
         // The offset of 32: -32 * d * sum_g scale[g] * (activation sum of group g).

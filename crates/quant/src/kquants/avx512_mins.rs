@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use super::avx2::scale_and_min_pairs;
 use crate::activation::split256;
 use crate::bytes::f32_at;
-use crate::simd::{array, dpwssd512, f16_at, load256, load512, prefetch_ahead, sum_f32x16};
+use crate::simd::{array, dpwssd512, f16_at, load256, load512, prefetch_ahead_of_rows, sum_f32x16};
 
 /// The shared body of Q4_K and Q5_K, for one weight row and `R` activation rows: `fifth_bits(w)`
 /// gives, per chunk of nibbles, the 16s to add to its values (zero for Q4_K).
@@ -40,7 +40,7 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
     });
     let mut acc = [_mm512_setzero_ps(); R];
     for (i, w) in weights.iter().enumerate() {
-        prefetch_ahead(w);
+        prefetch_ahead_of_rows::<R>(w);
         let (scale_pairs, min_pairs) = scale_and_min_pairs(w);
         let (d, dmin) = (f16_at(w, 0), f16_at(w, 2));
         // Times -dmin, each minimum twice: once for each 16-element sum of its sub-block.
@@ -102,20 +102,20 @@ fn q5_k_fifth_bits(w: &[u8; 176]) -> [__m512i; 4] {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q4_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_with_mins::<144, 16, 1>(weight, [activation], |_| [_mm512_setzero_si512(); 4])[0]
+    dot_q4_k_rows::<1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot4_q4_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
-    dot_with_mins::<144, 16, 4>(weight, activations, |_| [_mm512_setzero_si512(); 4])
+pub(super) fn dot_q4_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+    dot_with_mins::<144, 16, R>(weight, activations, |_| [_mm512_setzero_si512(); 4])
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) fn dot_q5_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_with_mins::<176, 48, 1>(weight, [activation], |w| q5_k_fifth_bits(w))[0]
+    dot_q5_k_rows::<1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot4_q5_k(weight: &[u8], activations: [&[u8]; 4]) -> [f32; 4] {
-    dot_with_mins::<176, 48, 4>(weight, activations, |w| q5_k_fifth_bits(w))
+pub(super) fn dot_q5_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+    dot_with_mins::<176, 48, R>(weight, activations, |w| q5_k_fifth_bits(w))
 }

@@ -22,7 +22,7 @@ use crate::activation::{ActivationFormat, split256, sums_of_16};
 use crate::bytes::{f16_at, f32_at};
 use crate::format::Format;
 #[cfg(target_arch = "x86_64")]
-use crate::format::{Dot4Fn, DotFn};
+use crate::format::{DotFn, RowsKernel, Tile};
 
 /// The eight 6-bit scales and eight 6-bit minimums packed in the 12 bytes of Q4_K and Q5_K.
 pub(crate) fn scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -153,11 +153,11 @@ impl Format for Q4K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_DOT: DotFn = avx2::dot_q4_k;
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT4: Option<Dot4Fn> = Some(avx2::dot4_q4_k);
+    const AVX2_TILE: Option<Tile> = Some(Tile::of::<Avx2Rows<Q4K>>());
     #[cfg(target_arch = "x86_64")]
     const AVX512_DOT: DotFn = avx512_mins::dot_q4_k;
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT4: Option<Dot4Fn> = Some(avx512_mins::dot4_q4_k);
+    const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<Q4K>>());
 }
 
 /// Q5_K: see the module documentation.
@@ -175,11 +175,11 @@ impl Format for Q5K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_DOT: DotFn = avx2::dot_q5_k;
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT4: Option<Dot4Fn> = Some(avx2::dot4_q5_k);
+    const AVX2_TILE: Option<Tile> = Some(Tile::of::<Avx2Rows<Q5K>>());
     #[cfg(target_arch = "x86_64")]
     const AVX512_DOT: DotFn = avx512_mins::dot_q5_k;
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT4: Option<Dot4Fn> = Some(avx512_mins::dot4_q5_k);
+    const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<Q5K>>());
 }
 
 /// Q6_K: see the module documentation.
@@ -232,5 +232,58 @@ impl Format for Q6K {
     const AVX512_DOT: DotFn = avx512::dot_q6_k;
     // With AVX2's 16 vector registers, four rows spill and gain under 10%.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT4: Option<Dot4Fn> = Some(avx512::dot4_q6_k);
+    const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<Q6K>>());
+}
+
+/// The AVX2 kernels of format `F` for several rows: 16 vector registers hold four rows' sums.
+#[cfg(target_arch = "x86_64")]
+struct Avx2Rows<F>(std::marker::PhantomData<F>);
+
+/// The AVX-512 kernels of format `F` for several rows: 32 vector registers hold eight rows' sums.
+#[cfg(target_arch = "x86_64")]
+struct Avx512Rows<F>(std::marker::PhantomData<F>);
+
+#[cfg(target_arch = "x86_64")]
+impl RowsKernel for Avx2Rows<Q4K> {
+    const MAX_ROWS: usize = 4;
+    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+        // SAFETY: the caller checked the CPU and the lengths.
+        unsafe { avx2::dot_q4_k_rows(weight, activations) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowsKernel for Avx2Rows<Q5K> {
+    const MAX_ROWS: usize = 4;
+    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+        // SAFETY: the caller checked the CPU and the lengths.
+        unsafe { avx2::dot_q5_k_rows(weight, activations) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowsKernel for Avx512Rows<Q4K> {
+    const MAX_ROWS: usize = 8;
+    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+        // SAFETY: the caller checked the CPU and the lengths.
+        unsafe { avx512_mins::dot_q4_k_rows(weight, activations) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowsKernel for Avx512Rows<Q5K> {
+    const MAX_ROWS: usize = 8;
+    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+        // SAFETY: the caller checked the CPU and the lengths.
+        unsafe { avx512_mins::dot_q5_k_rows(weight, activations) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowsKernel for Avx512Rows<Q6K> {
+    const MAX_ROWS: usize = 8;
+    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+        // SAFETY: the caller checked the CPU and the lengths.
+        unsafe { avx512::dot_q6_k_rows(weight, activations) }
+    }
 }
