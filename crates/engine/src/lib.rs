@@ -4,7 +4,8 @@
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, min-p, penalties)
 //! reproducibly from a seed; [`Session`] runs one sequence on one model: chunked prefill, then
 //! decoding, without allocating in the loop; [`speculative`] runs a session with a drafter
-//! and produces exactly what the session alone would, faster.
+//! and produces exactly what the session alone would, faster. [`Generator`] puts the two behind
+//! one interface for callers that choose at run time.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -25,6 +26,7 @@
 #![deny(missing_docs)]
 
 mod error;
+mod generator;
 mod kv;
 mod rng;
 mod sampling;
@@ -32,6 +34,7 @@ mod session;
 pub mod speculative;
 
 pub use error::Error;
+pub use generator::Generator;
 pub use kv::{BlockPool, SequenceBlocks};
 pub use rng::Rng;
 pub use sampling::{Distribution, MAX_PENALTY_WINDOW, Sampler, SamplingParams};

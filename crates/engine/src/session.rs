@@ -280,9 +280,11 @@ impl<B: Backend> Session<B> {
         Ok(sampler.sample(&mut rows[last..], history))
     }
 
-    /// Feeds `prompt`, then samples and feeds tokens until `max_tokens`, an end-of-generation
-    /// token (`is_end`), a full context, or `on_token` returning `Break`. Every generated token
-    /// is passed to `on_token`, an end-of-generation token included.
+    /// Makes the sequence `prompt` (the KV positions of a prefix it shares with the current
+    /// sequence are kept, as by [`feed_reusing`](Self::feed_reusing)), then samples and feeds
+    /// tokens until `max_tokens`, an end-of-generation token (`is_end`), a full context, or
+    /// `on_token` returning `Break`. Every generated token is passed to `on_token`, an
+    /// end-of-generation token included.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -291,11 +293,17 @@ impl<B: Backend> Session<B> {
         is_end: impl Fn(u32) -> bool,
         on_token: impl FnMut(u32) -> ControlFlow<()>,
     ) -> Result<GenerationStats, Error> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidParameter {
+                name: "prompt",
+                why: "is empty".into(),
+            });
+        }
         let mut out = TokenSink::new(prompt.len(), max_tokens, is_end, on_token);
         if max_tokens == 0 {
             return Ok(out.finish());
         }
-        self.feed(prompt)?;
+        self.feed_reusing(prompt)?;
         let mut token = self.sample(sampler)?;
         out.prefill_done();
         while out.push(token) {

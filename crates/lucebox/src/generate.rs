@@ -6,11 +6,10 @@ use std::ops::ControlFlow;
 use anyhow::{Context, bail};
 use std::sync::Arc;
 
-use lucebox_backend::CpuBackend;
 use lucebox_engine::speculative::{
-    DraftPolicy, Drafter, MAX_DRAFT, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+    DraftPolicy, Drafter, MAX_DRAFT, ModelDrafter, NgramDrafter, Speculator,
 };
-use lucebox_engine::{GenerationStats, Sampler, SamplingParams, Session, SessionConfig};
+use lucebox_engine::{Generator, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 
 use crate::load::{Loaded, cpu_backend, load_model};
@@ -175,14 +174,14 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         context: args.context,
         ..SessionConfig::default()
     };
-    let mut generator = match args.speculation.drafter(&target, args.context)? {
-        Some(drafter) => Generator::Speculative(Speculator::new(
+    let mut generator: Box<dyn Generator> = match args.speculation.drafter(&target, args.context)? {
+        Some(drafter) => Box::new(Speculator::new(
             Arc::clone(&target.model),
             config,
             drafter,
             policy,
         )?),
-        None => Generator::Plain(Session::new(Arc::clone(&target.model), config)?),
+        None => Box::new(Session::new(Arc::clone(&target.model), config)?),
     };
     let mut sampler = Sampler::new(params);
     let mut decoder = StreamDecoder::new(&tokenizer, true);
@@ -192,8 +191,8 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         &prompt,
         &mut sampler,
         args.max_tokens,
-        |t| tokenizer.is_end_of_generation(t),
-        |t| {
+        &|t| tokenizer.is_end_of_generation(t),
+        &mut |t| {
             if tokenizer.is_end_of_generation(t) {
                 return ControlFlow::Continue(());
             }
@@ -275,34 +274,4 @@ pub(crate) fn prompt_tokens(
         bail!("the prompt is empty and the model adds no BOS token: nothing to continue");
     }
     Ok(prompt)
-}
-
-/// Plain decoding or speculative decoding, behind one call.
-pub(crate) enum Generator {
-    Plain(Session<CpuBackend>),
-    Speculative(Speculator<CpuBackend>),
-}
-
-impl Generator {
-    pub(crate) fn generate(
-        &mut self,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        max_tokens: usize,
-        is_end: impl Fn(u32) -> bool,
-        on_token: impl FnMut(u32) -> ControlFlow<()>,
-    ) -> anyhow::Result<(GenerationStats, Option<SpecStats>)> {
-        Ok(match self {
-            Generator::Plain(session) => {
-                session.reset();
-                let stats = session.generate(prompt, sampler, max_tokens, is_end, on_token)?;
-                (stats, None)
-            }
-            Generator::Speculative(speculator) => {
-                let (stats, spec) =
-                    speculator.generate(prompt, sampler, max_tokens, is_end, on_token)?;
-                (stats, Some(spec))
-            }
-        })
-    }
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use lucebox_engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator};
-use lucebox_engine::{Sampler, SamplingParams, SessionConfig};
+use lucebox_engine::{Generator, Sampler, SamplingParams, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
-use crate::generate::{Generator, draft_policy, load_drafter, prompt_tokens};
+use crate::generate::{draft_policy, load_drafter, prompt_tokens};
 use crate::load::Loaded;
 
 /// The prompt set, embedded at build time.
@@ -65,17 +65,17 @@ pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()
         context: args.context,
         ..SessionConfig::default()
     };
-    let speculative = |drafter: Box<dyn Drafter + Send>| -> anyhow::Result<Generator> {
-        Ok(Generator::Speculative(Speculator::new(
+    let speculative = |drafter: Box<dyn Drafter + Send>| -> anyhow::Result<Box<dyn Generator>> {
+        Ok(Box::new(Speculator::new(
             Arc::clone(&target.model),
             config,
             drafter,
             policy,
         )?))
     };
-    let mut modes: Vec<(&'static str, Generator)> = vec![(
+    let mut modes: Vec<(&'static str, Box<dyn Generator>)> = vec![(
         "plain",
-        Generator::Plain(lucebox_engine::Session::new(
+        Box::new(lucebox_engine::Session::new(
             Arc::clone(&target.model),
             config,
         )?),
@@ -93,8 +93,9 @@ pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()
         let mut plain: Option<(Vec<u32>, f64)> = None;
         for (mode, generator) in &mut modes {
             // A short untimed run first faults in this mode's weights and sizes its buffers.
-            let _ = generate(generator, &ids, 4, &tokenizer)?;
-            let (output, seconds, spec) = generate(generator, &ids, prompt.max_tokens, &tokenizer)?;
+            let _ = generate(generator.as_mut(), &ids, 4, &tokenizer)?;
+            let (output, seconds, spec) =
+                generate(generator.as_mut(), &ids, prompt.max_tokens, &tokenizer)?;
             let rate = output.len().saturating_sub(1) as f64 / seconds;
             let (plain_output, plain_rate) = plain.get_or_insert_with(|| (output.clone(), rate));
             runs.push(Run {
@@ -158,7 +159,7 @@ pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()
 /// Greedy generation of up to `max_tokens`; the output, the seconds after the first token,
 /// and speculation's statistics.
 fn generate(
-    generator: &mut Generator,
+    generator: &mut dyn Generator,
     prompt: &[u32],
     max_tokens: usize,
     tokenizer: &Tokenizer,
@@ -169,8 +170,8 @@ fn generate(
         prompt,
         &mut sampler,
         max_tokens,
-        |t| tokenizer.is_end_of_generation(t),
-        |t| {
+        &|t| tokenizer.is_end_of_generation(t),
+        &mut |t| {
             output.push(t);
             ControlFlow::Continue(())
         },

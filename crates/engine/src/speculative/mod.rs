@@ -131,6 +131,11 @@ impl<B: Backend> Speculator<B> {
         &mut self.target
     }
 
+    /// The target session's configuration.
+    pub fn config(&self) -> SessionConfig {
+        self.target.config()
+    }
+
     /// Generates a continuation of `prompt` (the whole sequence: the KV positions of a prefix
     /// shared with the previous call are reused) like [`Session::generate`], producing exactly
     /// the tokens (greedy) or the distribution of tokens (sampled) that the target alone
