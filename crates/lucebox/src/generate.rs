@@ -262,14 +262,7 @@ pub(crate) fn prompt_tokens(
     } else {
         text.to_owned()
     };
-    let mut prompt = Vec::new();
-    if tokenizer.add_bos()
-        && let Some(bos) = tokenizer.bos()
-    {
-        prompt.push(bos);
-    }
-    // A chat template writes its special tokens as text; raw prompts are taken literally.
-    prompt.extend(tokenizer.encode(&text, chat));
+    let prompt = tokenizer.encode_prompt(&text, chat);
     if prompt.is_empty() {
         bail!("the prompt is empty and the model adds no BOS token: nothing to continue");
     }

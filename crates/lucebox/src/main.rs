@@ -6,6 +6,7 @@ mod fetch;
 mod generate;
 mod load;
 mod pair;
+mod serve;
 mod spec_bench;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +32,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Check that a drafter may serve a target, and write a record of the verdict.
     VerifyPair(pair::VerifyPairArgs),
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +43,7 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Bench(args) => bench::run(args),
         Command::VerifyPair(args) => pair::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -106,6 +106,20 @@ impl Tokenizer {
         })
     }
 
+    /// The ids of a prompt: [`Self::bos`] first when the file asks for it ([`Self::add_bos`]),
+    /// then [`encode`](Self::encode) of `text`. A rendered chat template writes its special
+    /// tokens as text, so its prompts are encoded with `parse_special`; raw user text without.
+    pub fn encode_prompt(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        let mut ids = Vec::new();
+        if self.add_bos()
+            && let Some(bos) = self.bos()
+        {
+            ids.push(bos);
+        }
+        ids.extend(self.encode(text, parse_special));
+        ids
+    }
+
     /// The ids of `text`. Never adds BOS or EOS: the caller adds them when [`Self::add_bos`]
     /// and [`Self::add_eos`] say so.
     ///

@@ -1,0 +1,276 @@
+//! `lucebox serve`: the OpenAI-compatible server on one model, or one target-drafter pair.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use lucebox_backend::Backend;
+use lucebox_engine::speculative::{ModelDrafter, NgramDrafter, Speculator};
+use lucebox_engine::{Generator, Session, SessionConfig};
+use lucebox_server::{Engine, Server, ServerConfig};
+use lucebox_tokenizer::{ChatTemplate, Tokenizer};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::generate::{draft_policy, load_drafter};
+use crate::load::{cpu_backend, load_model};
+
+/// The CPU's default pair: a catalogue target and the drafter verified with it.
+const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
+const DEFAULT_DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
+
+/// Flags of `lucebox serve`; each overrides the same key of the --config file.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// A TOML file with any of the keys below (model, draft, host, port, ...); flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The target model: a GGUF file or a catalogue name, fetched when missing
+    /// [default: qwen2.5-coder-1.5b-instruct-q4_k_m].
+    #[arg(long, short)]
+    model: Option<String>,
+    /// The drafter: a GGUF file or a catalogue name, `ngram` for prompt lookup, or `none`
+    /// [default: qwen2.5-coder-0.5b-instruct-q4_k_m with the default model, else none].
+    #[arg(long)]
+    draft: Option<String>,
+    /// The longest draft per round [default: 8].
+    #[arg(long)]
+    draft_tokens: Option<usize>,
+    /// Positions of context per sequence [default: 4096].
+    #[arg(long)]
+    context: Option<usize>,
+    /// Compute threads [default: all cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Address to listen on [default: 127.0.0.1].
+    #[arg(long)]
+    host: Option<IpAddr>,
+    /// Port to listen on; 0 picks a free one [default: 8080].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long, env = "LUCEBOX_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The most tokens one request may generate [default: the context].
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Requests that may wait for the engine; more get 503 [default: 64].
+    #[arg(long)]
+    queue: Option<usize>,
+    /// The longest request body in bytes [default: 8 MiB].
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
+}
+
+/// The keys a --config file may set: the flags' names, with underscores.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    model: Option<String>,
+    draft: Option<String>,
+    draft_tokens: Option<usize>,
+    context: Option<usize>,
+    threads: Option<usize>,
+    host: Option<IpAddr>,
+    port: Option<u16>,
+    api_key: Option<String>,
+    max_tokens: Option<usize>,
+    queue: Option<usize>,
+    max_body_bytes: Option<usize>,
+}
+
+/// The settings in force: flags over the file over the defaults.
+struct Settings {
+    model: String,
+    draft: Option<String>,
+    draft_tokens: usize,
+    context: usize,
+    threads: Option<usize>,
+    server: ServerConfig,
+}
+
+impl Settings {
+    fn new(args: ServeArgs) -> anyhow::Result<Settings> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--config {}", path.display()))?;
+                toml::from_str(&text).with_context(|| format!("--config {}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let model = args.model.or(file.model);
+        let draft = match args.draft.or(file.draft) {
+            Some(draft) if draft == "none" => None,
+            Some(draft) => Some(draft),
+            None if model.is_none() => Some(DEFAULT_DRAFT.to_owned()),
+            None => None,
+        };
+        let context = args.context.or(file.context).unwrap_or(4096);
+        if context < 2 {
+            bail!(
+                "--context {context} is too small: it must hold a prompt token and a generated one"
+            );
+        }
+        let queue = args.queue.or(file.queue).unwrap_or(64);
+        if queue == 0 {
+            bail!("--queue must be at least 1");
+        }
+        let max_tokens = args.max_tokens.or(file.max_tokens).unwrap_or(context);
+        if max_tokens == 0 {
+            bail!("--max-tokens must be at least 1");
+        }
+        let host = args
+            .host
+            .or(file.host)
+            .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+        let port = args.port.or(file.port).unwrap_or(8080);
+        Ok(Settings {
+            model: model.unwrap_or_else(|| DEFAULT_MODEL.to_owned()),
+            draft,
+            draft_tokens: args.draft_tokens.or(file.draft_tokens).unwrap_or(8),
+            context,
+            threads: args.threads.or(file.threads),
+            server: ServerConfig {
+                listen: SocketAddr::new(host, port),
+                api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+                max_body_bytes: args
+                    .max_body_bytes
+                    .or(file.max_body_bytes)
+                    .unwrap_or(8 << 20),
+                max_tokens,
+                queue,
+                drain: Duration::from_secs(30),
+            },
+        })
+    }
+}
+
+/// Runs `lucebox serve` until SIGINT or SIGTERM.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let settings = Settings::new(args)?;
+    let policy = draft_policy(settings.draft_tokens, false)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listen = settings.server.listen;
+        let server = Server::bind(settings.server.clone())
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
+        eprintln!("lucebox: listening on http://{}", server.local_addr()?);
+        let handle = server.handle();
+        let serving = tokio::spawn(server.serve(shutdown_signal()));
+        let engine = tokio::task::spawn_blocking(move || load(&settings, policy))
+            .await
+            .context("loading the model")??;
+        let model_id = engine.model_id.clone();
+        handle.ready(engine).context("starting the engine")?;
+        eprintln!("lucebox: ready: {model_id}");
+        serving.await.context("the server")??;
+        eprintln!("lucebox: stopped");
+        Ok(())
+    })
+}
+
+/// Loads the model (and drafter), and builds the generator the engine runs.
+fn load(
+    settings: &Settings,
+    policy: lucebox_engine::speculative::DraftPolicy,
+) -> anyhow::Result<Engine> {
+    let backend = cpu_backend(settings.threads)?;
+    let target = load_model(&settings.model, &backend).context("--model")?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
+    let template = ChatTemplate::from_gguf(target.file.metadata()).context("chat template")?;
+    let config = SessionConfig {
+        context: settings.context,
+        ..SessionConfig::default()
+    };
+    let model_id = target
+        .catalogue_name
+        .clone()
+        .unwrap_or_else(|| target.label.clone());
+    let (generator, drafter): (Box<dyn Generator>, String) = match settings.draft.as_deref() {
+        None => (
+            Box::new(Session::new(Arc::clone(&target.model), config)?),
+            "none".into(),
+        ),
+        Some("ngram") => (
+            Box::new(Speculator::new(
+                Arc::clone(&target.model),
+                config,
+                Box::<NgramDrafter>::default(),
+                policy,
+            )?),
+            "ngram".into(),
+        ),
+        Some(draft) => {
+            let drafter = load_drafter(draft, &target)?;
+            let name = drafter
+                .catalogue_name
+                .clone()
+                .unwrap_or_else(|| drafter.label.clone());
+            let model_drafter = ModelDrafter::new(drafter.model, settings.context)?;
+            (
+                Box::new(Speculator::new(
+                    Arc::clone(&target.model),
+                    config,
+                    Box::new(model_drafter),
+                    policy,
+                )?),
+                name,
+            )
+        }
+    };
+    let speculation = match settings.draft {
+        None => json!(null),
+        Some(_) => {
+            json!({"drafter": drafter, "draft_tokens_max": settings.draft_tokens, "draft_length": "adaptive"})
+        }
+    };
+    let props = json!({
+        "model": model_id,
+        "model_path": target.path,
+        "speculation": speculation,
+        "n_ctx": generator.context(),
+        "chip": "cpu",
+        "backend": backend.describe(),
+        "chat_template": template.as_ref().map(|t| t.name().to_owned()),
+    });
+    Ok(Engine {
+        generator,
+        tokenizer,
+        template,
+        model_id,
+        props,
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(e) => {
+                    eprintln!("lucebox: cannot watch SIGTERM ({e}); stopping on SIGINT only");
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    eprintln!("lucebox: stopping: draining requests in flight");
+}

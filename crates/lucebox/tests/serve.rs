@@ -1,0 +1,512 @@
+//! `lucebox serve` as a client sees it: the real binary on a loopback port, spoken to over
+//! HTTP/1.1 with SmolLM2-135M.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const MODEL: &str = "smollm2-135m-instruct-q4_1";
+
+/// A running server, killed when dropped.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let model = lucebox_testkit::model(MODEL);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+            .args([
+                "serve",
+                "--model",
+                model.to_str().unwrap(),
+                "--port",
+                "0",
+                "--threads",
+                "2",
+            ])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (lines, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut addr = None;
+        loop {
+            let line = log
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the server said it is listening and ready");
+            if let Some(at) = line.strip_prefix("lucebox: listening on http://") {
+                addr = Some(at.parse().unwrap());
+            }
+            if line.starts_with("lucebox: ready") {
+                break;
+            }
+            assert!(!line.contains("error"), "server: {line}");
+        }
+        Server {
+            child,
+            addr: addr.expect("an address before ready"),
+            log,
+        }
+    }
+
+    fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send("GET", path, headers, "")
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Reply {
+        self.send("POST", path, &[], &body.to_string())
+    }
+
+    fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        let mut stream = self.connect(method, path, headers, body);
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).unwrap();
+        Reply::parse(&raw)
+    }
+
+    /// Sends a request on a fresh connection and returns it unread.
+    fn connect(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> TcpStream {
+        let mut stream = TcpStream::connect(self.addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            self.addr,
+            body.len()
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(body.as_bytes()).unwrap();
+        stream
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response: status, headers (lowercase names) and the body, de-chunked.
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn parse(raw: &[u8]) -> Reply {
+        let text = String::from_utf8_lossy(raw);
+        let (head, rest) = text.split_once("\r\n\r\n").expect("a complete head");
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let headers: Vec<(String, String)> = lines
+            .map(|l| {
+                let (name, value) = l.split_once(':').unwrap();
+                (name.to_ascii_lowercase(), value.trim().to_owned())
+            })
+            .collect();
+        let chunked = headers
+            .iter()
+            .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+        let body = if chunked {
+            dechunk(rest)
+        } else {
+            rest.to_owned()
+        };
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The `data:` payloads of an event stream, in order.
+    fn events(&self) -> Vec<String> {
+        self.body
+            .split("\n\n")
+            .filter_map(|event| event.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Asserts an OpenAI error object with `status`, and returns it.
+    fn error(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        let error = self.json()["error"].clone();
+        for field in ["message", "type", "param", "code"] {
+            assert!(error.get(field).is_some(), "{field} missing: {error}");
+        }
+        assert_eq!(error["code"], status);
+        error
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size");
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            return body;
+        }
+        body.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// The streamed text of chat chunks, checking the stream's shape on the way.
+fn streamed_chat(reply: &Reply) -> (String, Value, Option<Value>) {
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("content-type"), Some("text/event-stream"));
+    let events = reply.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut text = String::new();
+    let mut finish = Value::Null;
+    let mut usage = None;
+    for chunk in &chunks {
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        assert_eq!(chunk["id"], chunks[0]["id"]);
+        match chunk["choices"].as_array().unwrap().first() {
+            Some(choice) => {
+                if let Some(piece) = choice["delta"]["content"].as_str() {
+                    text.push_str(piece);
+                }
+                if !choice["finish_reason"].is_null() {
+                    finish = choice["finish_reason"].clone();
+                }
+            }
+            None => usage = Some(chunk["usage"].clone()),
+        }
+    }
+    (text, finish, usage)
+}
+
+#[test]
+fn chat_streamed_and_not_gives_the_same_text_usage_and_timings() {
+    let server = Server::start(&[]);
+    let ask = || chat("Name three colours.", json!({"max_tokens": 12}));
+    let reply = server.post("/v1/chat/completions", &ask());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    assert_eq!(body["object"], "chat.completion");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["finish_reason"], "length");
+    let text = choice["message"]["content"].as_str().unwrap().to_owned();
+    assert!(!text.is_empty());
+    let usage = &body["usage"];
+    assert_eq!(usage["completion_tokens"], 12);
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 5);
+    assert_eq!(usage["total_tokens"].as_u64(), Some(prompt_tokens + 12));
+    let timings = &body["timings"];
+    assert_eq!(timings["predicted_n"], 11);
+    assert_eq!(timings["prompt_n"].as_u64(), Some(prompt_tokens));
+    assert!(timings["predicted_ms"].as_f64().unwrap() > 0.0);
+
+    let mut streamed = ask();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (streamed_text, finish, usage) =
+        streamed_chat(&server.post("/v1/chat/completions", &streamed));
+    assert_eq!(
+        streamed_text, text,
+        "greedy output must not depend on streaming"
+    );
+    assert_eq!(finish, "length");
+    let usage = usage.expect("a usage chunk when include_usage");
+    assert_eq!(usage["completion_tokens"], 12);
+    // The same prompt again: all but its last token's KV was kept.
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(prompt_tokens - 1)
+    );
+}
+
+#[test]
+fn a_stop_string_ends_the_text_before_it() {
+    let server = Server::start(&[]);
+    let plain = server.post(
+        "/v1/chat/completions",
+        &chat("Count from one to ten in words.", json!({"max_tokens": 24})),
+    );
+    let text = plain.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A stop string from the middle of the text, as a client would choose one.
+    let cut = text.char_indices().nth(text.chars().count() / 2).unwrap().0;
+    let stop: String = text[cut..].chars().take(3).collect();
+    let expected = &text[..text.find(&stop).unwrap()];
+    for stream in [false, true] {
+        let body = chat(
+            "Count from one to ten in words.",
+            json!({"max_tokens": 24, "stop": [stop], "stream": stream}),
+        );
+        let reply = server.post("/v1/chat/completions", &body);
+        let (got, finish) = if stream {
+            let (text, finish, _) = streamed_chat(&reply);
+            (text, finish)
+        } else {
+            let choice = reply.json()["choices"][0].clone();
+            (
+                choice["message"]["content"].as_str().unwrap().to_owned(),
+                choice["finish_reason"].clone(),
+            )
+        };
+        assert_eq!(got, expected, "stream={stream}, stop {stop:?}");
+        assert_eq!(finish, "stop");
+    }
+}
+
+#[test]
+fn text_completions_tokenize_detokenize_models_and_props() {
+    let server = Server::start(&[]);
+    let reply = server.post(
+        "/v1/completions",
+        &json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let body = reply.json();
+    assert_eq!(body["object"], "text_completion");
+    assert!(
+        body["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Paris"),
+        "{body}"
+    );
+
+    let tokens = server
+        .post("/tokenize", &json!({"content": "hello world"}))
+        .json()["tokens"]
+        .clone();
+    assert!(tokens.as_array().unwrap().len() >= 2);
+    let text = server
+        .post("/detokenize", &json!({"tokens": tokens}))
+        .json();
+    assert_eq!(text["content"], "hello world");
+
+    let models = server.get("/v1/models", &[]).json();
+    assert_eq!(models["data"][0]["id"], MODEL);
+    let props = server.get("/props", &[]).json();
+    assert_eq!(props["model"], MODEL);
+    assert_eq!(props["n_ctx"], 4096);
+}
+
+#[test]
+fn bad_requests_get_openai_errors_with_the_right_status() {
+    let server = Server::start(&[
+        "--context",
+        "64",
+        "--max-body-bytes",
+        "4096",
+        "--max-tokens",
+        "32",
+    ]);
+    let post_raw = |body: &str| server.send("POST", "/v1/chat/completions", &[], body);
+    assert!(
+        post_raw("{not json").error(400)["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid request body")
+    );
+    assert_eq!(
+        server
+            .post("/v1/chat/completions", &chat("hi", json!({"n": 2})))
+            .error(400)["param"],
+        "n"
+    );
+    assert_eq!(
+        server
+            .post(
+                "/v1/chat/completions",
+                &chat("hi", json!({"temperature": -1}))
+            )
+            .error(400)["param"],
+        "temperature"
+    );
+    assert_eq!(
+        server
+            .post(
+                "/v1/chat/completions",
+                &chat("hi", json!({"max_tokens": 33}))
+            )
+            .error(400)["param"],
+        "max_tokens"
+    );
+    assert_eq!(
+        server
+            .post(
+                "/v1/chat/completions",
+                &chat("hi", json!({"response_format": {"type": "json_object"}}))
+            )
+            .error(400)["param"],
+        "response_format"
+    );
+    let overflow = server
+        .post("/v1/completions", &json!({"prompt": "word ".repeat(100)}))
+        .error(400);
+    let message = overflow["message"].as_str().unwrap();
+    assert!(
+        message.contains("n_prompt_tokens") && message.contains("n_ctx = 64"),
+        "{message}"
+    );
+    assert_eq!(
+        server
+            .post("/v1/completions", &json!({"prompt": [99_999_999]}))
+            .error(400)["param"],
+        "prompt"
+    );
+    server
+        .send("POST", "/v1/completions", &[], &"x".repeat(5000))
+        .error(413);
+    server.get("/v1/nothing", &[]).error(404);
+    server.send("DELETE", "/v1/models", &[], "").error(405);
+    // The server still answers after all that.
+    assert_eq!(server.get("/health", &[]).status, 200);
+}
+
+#[test]
+fn an_api_key_guards_every_route_but_health() {
+    let server = Server::start(&["--api-key", "sesame"]);
+    assert_eq!(server.get("/health", &[]).status, 200);
+    server.get("/v1/models", &[]).error(401);
+    server
+        .get("/v1/models", &[("Authorization", "Bearer sesam")])
+        .error(401);
+    assert_eq!(
+        server
+            .get("/v1/models", &[("Authorization", "Bearer sesame")])
+            .status,
+        200
+    );
+}
+
+#[test]
+fn a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine() {
+    let server = Server::start(&["--queue", "1"]);
+    let long = chat(
+        "Write a very long story.",
+        json!({"max_tokens": 3000, "stream": true}),
+    );
+    let body = long.to_string();
+    // The first request runs; read until its text flows.
+    let mut running = server.connect("POST", "/v1/chat/completions", &[], &body);
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while seen.windows(7).filter(|w| w == b"content").count() < 3 {
+        let n = running.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // The second waits in the queue; the third finds it full.
+    let waiting = server.connect("POST", "/v1/chat/completions", &[], &body);
+    std::thread::sleep(Duration::from_millis(200));
+    let full = server.post("/v1/chat/completions", &long);
+    full.error(503);
+    assert!(full.header("retry-after").is_some());
+    // Both clients leave: their generations stop, and a new request is served at once rather
+    // than after thousands of tokens.
+    drop(running);
+    drop(waiting);
+    let started = Instant::now();
+    loop {
+        let reply = server.post(
+            "/v1/chat/completions",
+            &chat("hi", json!({"max_tokens": 2})),
+        );
+        if reply.status == 200 {
+            break;
+        }
+        // Retry as Retry-After asks, while the abandoned requests are noticed.
+        reply.error(503);
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still refused after {:?}: the abandoned generations kept running",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let mut server = Server::start(&[]);
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 30 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
+    let log: Vec<String> = server.log.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
+}
