@@ -166,6 +166,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("lucebox: listening on http://{}", server.local_addr()?);
         let handle = server.handle();
         let serving = tokio::spawn(server.serve(shutdown_signal()));
+        lucebox_server::notify::status("loading the model");
         let engine = tokio::task::spawn_blocking(move || load(&settings, policy))
             .await
             .context("loading the model")??;
@@ -184,6 +185,7 @@ fn load(
     policy: lucebox_engine::speculative::DraftPolicy,
 ) -> anyhow::Result<Engine> {
     let backend = cpu_backend(settings.threads)?;
+    lucebox_server::notify::status(&format!("loading {}", settings.model));
     let target = load_model(&settings.model, &backend).context("--model")?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
     let template = ChatTemplate::from_gguf(target.file.metadata()).context("chat template")?;
@@ -210,6 +212,7 @@ fn load(
             "ngram".into(),
         ),
         Some(draft) => {
+            lucebox_server::notify::status(&format!("loading and checking the drafter {draft}"));
             let drafter = load_drafter(draft, &target)?;
             let name = drafter
                 .catalogue_name

@@ -510,3 +510,69 @@ fn sigterm_stops_the_server_cleanly() {
     let log: Vec<String> = server.log.try_iter().collect();
     assert!(log.iter().any(|l| l.contains("stopped")), "{log:?}");
 }
+
+/// systemd's side of `sd_notify`: status while loading, READY=1 after the self-test, watchdog
+/// pings from the engine while it idles, STOPPING=1 on SIGTERM.
+#[cfg(unix)]
+#[test]
+fn systemd_hears_status_ready_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let model = lucebox_testkit::model(MODEL);
+    // systemd names the watched process; exec keeps the shell's pid for the server.
+    let mut child = Command::new("sh")
+        .args(["-c", "WATCHDOG_PID=$$ exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_lucebox"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+        .env("NOTIFY_SOCKET", &socket_path)
+        .env("WATCHDOG_USEC", "400000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut messages = Vec::new();
+    let receive = |messages: &mut Vec<String>, until: &str| {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = socket.recv(&mut buf).expect("a notification");
+            let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let done = message.lines().any(|l| l == until);
+            messages.push(message);
+            if done {
+                return;
+            }
+        }
+    };
+    receive(&mut messages, "READY=1");
+    let ready_at = messages.len() - 1;
+    assert!(
+        messages[..ready_at]
+            .iter()
+            .any(|m| m.contains("STATUS=loading")),
+        "{messages:?}"
+    );
+    assert!(
+        messages[..ready_at]
+            .iter()
+            .any(|m| m.contains("STATUS=self-test")),
+        "{messages:?}"
+    );
+    // Idle, the engine still pings at half the 0.4 s period.
+    let started = Instant::now();
+    receive(&mut messages, "WATCHDOG=1");
+    receive(&mut messages, "WATCHDOG=1");
+    assert!(started.elapsed() < Duration::from_secs(5), "{messages:?}");
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    receive(&mut messages, "STOPPING=1");
+    assert!(child.wait().unwrap().success());
+}

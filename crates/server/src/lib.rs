@@ -21,6 +21,7 @@
 mod api;
 mod error;
 mod http;
+pub mod notify;
 mod stop;
 mod worker;
 
@@ -155,17 +156,27 @@ pub struct Handle {
 }
 
 impl Handle {
-    /// Starts the engine thread on `engine`; requests are served from now on.
+    /// Checks that `engine` generates a token, starts the engine thread on it, and tells
+    /// systemd the service is ready; requests are served from now on.
     ///
     /// # Errors
-    /// When the thread cannot be started, or the server already has an engine.
-    pub fn ready(&self, engine: Engine) -> std::io::Result<()> {
+    /// When the self-test fails, the thread cannot be started, or the server already has an
+    /// engine.
+    pub fn ready(&self, mut engine: Engine) -> std::io::Result<()> {
+        if self.state.ready.get().is_some() {
+            return Err(std::io::Error::other("the server already has an engine"));
+        }
+        notify::status("self-test: generating one token");
+        worker::self_test(engine.generator.as_mut(), &engine.tokenizer)
+            .map_err(std::io::Error::other)?;
         let context = engine.generator.context();
         let queue = worker::spawn(
             engine.generator,
             Arc::clone(&engine.tokenizer),
             self.state.config.queue,
+            notify::Watchdog::from_env(),
         )?;
+        let model_id = engine.model_id.clone();
         let ready = Ready {
             queue,
             tokenizer: engine.tokenizer,
@@ -181,7 +192,9 @@ impl Handle {
         self.state
             .ready
             .set(ready)
-            .map_err(|_| std::io::Error::other("the server already has an engine"))
+            .map_err(|_| std::io::Error::other("the server already has an engine"))?;
+        notify::ready(&format!("serving {model_id}"));
+        Ok(())
     }
 }
 
@@ -256,6 +269,7 @@ impl Server {
             });
         }
         self.state.draining.store(true, Ordering::Relaxed);
+        notify::stopping();
         drop(self.listener);
         tracing::info!(
             "draining requests in flight (up to {:?})",

@@ -3,13 +3,14 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::Duration;
 
 use lucebox_engine::{Generator, Sampler, SamplingParams, StopReason};
 use lucebox_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
+use crate::notify::Watchdog;
 use crate::stop::StopMatcher;
 
 /// Text events per request buffered between the engine and a slow client; beyond this the
@@ -91,17 +92,40 @@ impl Queue {
     }
 }
 
-/// Starts the engine thread with a queue of `capacity` waiting requests.
+/// Starts the engine thread with a queue of `capacity` waiting requests; it feeds `watchdog`.
 pub(crate) fn spawn(
     generator: Box<dyn Generator>,
     tokenizer: Arc<Tokenizer>,
     capacity: usize,
+    watchdog: Option<Watchdog>,
 ) -> std::io::Result<Queue> {
     let (jobs, waiting) = std::sync::mpsc::sync_channel(capacity);
     std::thread::Builder::new()
         .name("lucebox-engine".into())
-        .spawn(move || run(generator, &tokenizer, &waiting))?;
+        .spawn(move || run(generator, &tokenizer, &waiting, watchdog))?;
     Ok(Queue { jobs })
+}
+
+/// Generates one token from one token, greedily: the model runs end to end before the server
+/// says it is ready.
+pub(crate) fn self_test(
+    generator: &mut dyn Generator,
+    tokenizer: &Tokenizer,
+) -> Result<(), String> {
+    let prompt = [tokenizer.bos().unwrap_or(0)];
+    let mut sampler = Sampler::new(SamplingParams::default());
+    let (stats, _) = generator
+        .generate(&prompt, &mut sampler, 1, &|_| false, &mut |_| {
+            ControlFlow::Continue(())
+        })
+        .map_err(|e| format!("self-test: {e}"))?;
+    if stats.generated_tokens != 1 {
+        return Err(format!(
+            "self-test: {} tokens generated instead of 1",
+            stats.generated_tokens
+        ));
+    }
+    Ok(())
 }
 
 /// A channel for one job's events.
@@ -109,16 +133,40 @@ pub(crate) fn events() -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
     mpsc::channel(EVENTS_BUFFERED)
 }
 
-fn run(mut generator: Box<dyn Generator>, tokenizer: &Arc<Tokenizer>, waiting: &Receiver<Job>) {
+fn run(
+    mut generator: Box<dyn Generator>,
+    tokenizer: &Arc<Tokenizer>,
+    waiting: &Receiver<Job>,
+    mut watchdog: Option<Watchdog>,
+) {
     // The sequence the generator holds, to tell how much of the next prompt it reuses.
     let mut held: Vec<u32> = Vec::new();
-    while let Ok(job) = waiting.recv() {
+    loop {
+        let job = match &mut watchdog {
+            Some(watchdog) => {
+                watchdog.pet();
+                match waiting.recv_timeout(watchdog.interval()) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            None => match waiting.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+        };
         if job.events.is_closed() {
             continue;
         }
         let cached = shared_prefix(&held, &job.prompt);
         held.clone_from(&job.prompt);
-        let event = match generate(generator.as_mut(), tokenizer, &job, &mut held) {
+        let pet = || {
+            if let Some(watchdog) = &mut watchdog {
+                watchdog.pet();
+            }
+        };
+        let event = match generate(generator.as_mut(), tokenizer, &job, &mut held, pet) {
             Ok(Some(mut finish)) => {
                 finish.cached_tokens = cached;
                 // The last token was sampled, not fed: the generator does not hold it.
@@ -155,6 +203,7 @@ fn generate(
     tokenizer: &Arc<Tokenizer>,
     job: &Job,
     held: &mut Vec<u32>,
+    mut pet_watchdog: impl FnMut(),
 ) -> Result<Option<Finish>, String> {
     let mut sampler = Sampler::new(job.params.clone());
     let mut decoder = StreamDecoder::new(Arc::clone(tokenizer), true);
@@ -170,6 +219,7 @@ fn generate(
             job.max_tokens,
             &|t| tokenizer.is_end_of_generation(t),
             &mut |t| {
+                pet_watchdog();
                 held.push(t);
                 if tokenizer.is_end_of_generation(t) {
                     return ControlFlow::Continue(());
