@@ -350,6 +350,97 @@ fn text_completions_tokenize_detokenize_models_and_props() {
     assert_eq!(props["n_ctx"], 4096);
 }
 
+/// The value of the metric line `name` (with its labels) in a Prometheus exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{name} missing from:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_count_requests_tokens_and_latencies() {
+    let server = Server::start(&["--draft", "ngram", "--api-key", "k"]);
+    let auth = [("Authorization", "Bearer k")];
+    let ask = chat(
+        "Repeat after me: one two three one two three one two three",
+        json!({"max_tokens": 16}),
+    );
+    let mut completion_tokens = 0.0;
+    let mut prompt_tokens = 0.0;
+    for _ in 0..2 {
+        let reply = server.send("POST", "/v1/chat/completions", &auth, &ask.to_string());
+        let usage = reply.json()["usage"].clone();
+        completion_tokens += usage["completion_tokens"].as_f64().unwrap();
+        prompt_tokens += usage["prompt_tokens"].as_f64().unwrap();
+    }
+    // Scrapers need no key.
+    let reply = server.get("/metrics", &[]);
+    assert_eq!(reply.status, 200);
+    assert!(
+        reply
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let text = &reply.body;
+    assert_eq!(metric(text, "lucebox:num_requests_running"), 0.0);
+    assert_eq!(metric(text, "lucebox:num_requests_waiting"), 0.0);
+    assert_eq!(
+        metric(text, "lucebox:generation_tokens_total"),
+        completion_tokens
+    );
+    assert_eq!(metric(text, "lucebox:prompt_tokens_total"), prompt_tokens);
+    assert_eq!(
+        metric(text, "lucebox:prefix_cache_queries_total"),
+        prompt_tokens
+    );
+    // The second request reused all of the first's prompt but its last token.
+    assert_eq!(
+        metric(text, "lucebox:prefix_cache_hits_total"),
+        prompt_tokens / 2.0 - 1.0
+    );
+    let finished = metric(
+        text,
+        "lucebox:request_success_total{finished_reason=\"stop\"}",
+    ) + metric(
+        text,
+        "lucebox:request_success_total{finished_reason=\"length\"}",
+    );
+    assert_eq!(finished, 2.0);
+    assert_eq!(
+        metric(text, "lucebox:e2e_request_latency_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(text, "lucebox:time_to_first_token_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(text, "lucebox:request_queue_time_seconds_count"),
+        2.0
+    );
+    assert_eq!(
+        metric(text, "lucebox:inter_token_latency_seconds_count"),
+        completion_tokens - 2.0
+    );
+    // N-gram drafting on a repetitive prompt drafts, and per-position acceptances add up.
+    let accepted = metric(text, "lucebox:spec_decode_num_accepted_tokens_total");
+    let per_position: f64 = (0..16)
+        .map(|p| {
+            metric(
+                text,
+                &format!(
+                    "lucebox:spec_decode_num_accepted_tokens_per_pos_total{{position=\"{p}\"}}"
+                ),
+            )
+        })
+        .sum();
+    assert_eq!(per_position, accepted);
+    assert!(metric(text, "lucebox:spec_decode_num_draft_tokens_total") >= accepted);
+}
+
 #[test]
 fn bad_requests_get_openai_errors_with_the_right_status() {
     let server = Server::start(&[
@@ -484,6 +575,9 @@ fn a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let metrics = server.get("/metrics", &[]).body;
+    assert_eq!(metric(&metrics, "lucebox:num_requests_running"), 0.0);
+    assert_eq!(metric(&metrics, "lucebox:num_requests_waiting"), 0.0);
 }
 
 #[cfg(unix)]

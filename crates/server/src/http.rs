@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full, Limited};
@@ -63,7 +63,7 @@ async fn route(
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let known: &[&Method] = match path.as_str() {
-        "/health" | "/v1/models" | "/props" => &[&Method::GET],
+        "/health" | "/metrics" | "/v1/models" | "/props" => &[&Method::GET],
         "/v1/chat/completions" | "/v1/completions" | "/tokenize" | "/detokenize" => {
             &[&Method::POST]
         }
@@ -72,8 +72,18 @@ async fn route(
     if !known.contains(&&method) {
         return Err(ApiError::method_not_allowed(method.as_str(), &path));
     }
-    if path != "/health" {
+    // Probes and scrapers read these without the key; they reveal no request content.
+    if path != "/health" && path != "/metrics" {
         authorize(state, &request)?;
+    }
+    if path == "/metrics" {
+        let mut response =
+            Response::new(Either::Left(Full::new(Bytes::from(state.metrics.render()))));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return Ok(response);
     }
     if path == "/health" {
         return match state.ready.get() {
@@ -291,16 +301,23 @@ async fn complete(
         max_tokens: generation.max_tokens,
         stop: generation.stop,
         events,
+        arrived: Instant::now(),
     };
+    // Counted before it can be taken, so that the gauge never goes below zero.
+    state.metrics.queued();
     match ready.queue.submit(job) {
         Ok(()) => {}
         Err(worker::Refused::Full) => {
+            state.metrics.dequeued(false);
             return Err(ApiError::unavailable(
                 "the request queue is full; retry later",
                 1,
             ));
         }
-        Err(worker::Refused::Stopped) => return Err(ApiError::internal("the engine has stopped")),
+        Err(worker::Refused::Stopped) => {
+            state.metrics.dequeued(false);
+            return Err(ApiError::internal("the engine has stopped"));
+        }
     }
     let envelope = Envelope {
         id: format!("{}-{}", kind.id_prefix(), state.next_id()),

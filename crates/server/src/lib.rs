@@ -1,6 +1,6 @@
 //! The HTTP API of lucebox: OpenAI's chat and text completions (streamed as server-sent events
 //! or not), models, health, and llama.cpp's tokenize, detokenize and props, over HTTP/1.1 on
-//! tokio and hyper.
+//! tokio and hyper, and Prometheus metrics under vLLM's names.
 //!
 //! One engine thread owns the model and runs requests one at a time in arrival order from a
 //! bounded queue (a full queue answers 503 with `Retry-After`); text reaches each connection as
@@ -21,6 +21,7 @@
 mod api;
 mod error;
 mod http;
+mod metrics;
 pub mod notify;
 mod stop;
 mod worker;
@@ -118,6 +119,7 @@ impl Ready {
 
 struct State {
     config: ServerConfig,
+    metrics: Arc<metrics::Metrics>,
     ready: OnceLock<Ready>,
     draining: AtomicBool,
     requests: AtomicU64,
@@ -175,6 +177,7 @@ impl Handle {
             Arc::clone(&engine.tokenizer),
             self.state.config.queue,
             notify::Watchdog::from_env(),
+            Arc::clone(&self.state.metrics),
         )?;
         let model_id = engine.model_id.clone();
         let ready = Ready {
@@ -208,6 +211,7 @@ impl Server {
         Ok(Server {
             state: Arc::new(State {
                 config,
+                metrics: Arc::default(),
                 ready: OnceLock::new(),
                 draining: AtomicBool::new(false),
                 requests: AtomicU64::new(0),

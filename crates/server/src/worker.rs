@@ -4,12 +4,14 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use lucebox_engine::speculative::SpecStats;
 use lucebox_engine::{Generator, Sampler, SamplingParams, StopReason};
 use lucebox_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
+use crate::metrics::{Latency, Metrics};
 use crate::notify::Watchdog;
 use crate::stop::StopMatcher;
 
@@ -25,6 +27,8 @@ pub(crate) struct Job {
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub events: mpsc::Sender<Event>,
+    /// When the request arrived, for the latency metrics.
+    pub arrived: Instant,
 }
 
 /// What the engine sends back for a job, in order: text, then one `Done` or `Failed`.
@@ -92,17 +96,19 @@ impl Queue {
     }
 }
 
-/// Starts the engine thread with a queue of `capacity` waiting requests; it feeds `watchdog`.
+/// Starts the engine thread with a queue of `capacity` waiting requests; it feeds `watchdog`
+/// and records into `metrics`.
 pub(crate) fn spawn(
     generator: Box<dyn Generator>,
     tokenizer: Arc<Tokenizer>,
     capacity: usize,
     watchdog: Option<Watchdog>,
+    metrics: Arc<Metrics>,
 ) -> std::io::Result<Queue> {
     let (jobs, waiting) = std::sync::mpsc::sync_channel(capacity);
     std::thread::Builder::new()
         .name("lucebox-engine".into())
-        .spawn(move || run(generator, &tokenizer, &waiting, watchdog))?;
+        .spawn(move || run(generator, &tokenizer, &waiting, watchdog, &metrics))?;
     Ok(Queue { jobs })
 }
 
@@ -138,7 +144,9 @@ fn run(
     tokenizer: &Arc<Tokenizer>,
     waiting: &Receiver<Job>,
     mut watchdog: Option<Watchdog>,
+    metrics: &Metrics,
 ) {
+    let context = generator.context();
     // The sequence the generator holds, to tell how much of the next prompt it reuses.
     let mut held: Vec<u32> = Vec::new();
     loop {
@@ -156,28 +164,49 @@ fn run(
                 Err(_) => return,
             },
         };
-        if job.events.is_closed() {
+        let gone = job.events.is_closed();
+        metrics.dequeued(!gone);
+        if gone {
             continue;
         }
+        metrics.observe(Latency::Queue, job.arrived.elapsed());
         let cached = shared_prefix(&held, &job.prompt);
         held.clone_from(&job.prompt);
-        let pet = || {
+        let mut last_token: Option<Instant> = None;
+        let on_token = || {
             if let Some(watchdog) = &mut watchdog {
                 watchdog.pet();
             }
+            let now = Instant::now();
+            match last_token {
+                None => metrics.observe(Latency::FirstToken, now - job.arrived),
+                Some(last) => metrics.observe(Latency::InterToken, now - last),
+            }
+            last_token = Some(now);
         };
-        let event = match generate(generator.as_mut(), tokenizer, &job, &mut held, pet) {
-            Ok(Some(mut finish)) => {
+        let outcome = generate(generator.as_mut(), tokenizer, &job, &mut held, on_token);
+        metrics.stopped_running();
+        let event = match outcome {
+            Ok(Some((mut finish, spec))) => {
                 finish.cached_tokens = cached;
                 // The last token was sampled, not fed: the generator does not hold it.
                 if finish.completion_tokens > 0 {
                     held.pop();
                 }
+                metrics.observe(Latency::EndToEnd, job.arrived.elapsed());
+                metrics.finished(
+                    finish.prompt_tokens,
+                    cached,
+                    finish.completion_tokens,
+                    finish.reason == FinishReason::Stop,
+                    spec.as_ref(),
+                );
                 Event::Done(finish)
             }
             Ok(None) => {
                 tracing::debug!("client went away; generation cancelled");
                 held.pop();
+                metrics.kv_usage(held.len(), context);
                 continue;
             }
             Err(message) => {
@@ -186,6 +215,7 @@ fn run(
                 Event::Failed(message)
             }
         };
+        metrics.kv_usage(held.len(), context);
         // A client that has gone no longer needs the result.
         let _ = job.events.blocking_send(event);
     }
@@ -203,8 +233,8 @@ fn generate(
     tokenizer: &Arc<Tokenizer>,
     job: &Job,
     held: &mut Vec<u32>,
-    mut pet_watchdog: impl FnMut(),
-) -> Result<Option<Finish>, String> {
+    mut on_token: impl FnMut(),
+) -> Result<Option<(Finish, Option<SpecStats>)>, String> {
     let mut sampler = Sampler::new(job.params.clone());
     let mut decoder = StreamDecoder::new(Arc::clone(tokenizer), true);
     let mut stops = StopMatcher::new(job.stop.clone());
@@ -219,7 +249,7 @@ fn generate(
             job.max_tokens,
             &|t| tokenizer.is_end_of_generation(t),
             &mut |t| {
-                pet_watchdog();
+                on_token();
                 held.push(t);
                 if tokenizer.is_end_of_generation(t) {
                     return ControlFlow::Continue(());
@@ -257,7 +287,7 @@ fn generate(
         StopReason::MaxTokens | StopReason::ContextFull if stopped_by_text => FinishReason::Stop,
         StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
     };
-    Ok(Some(Finish {
+    let finish = Finish {
         reason,
         prompt_tokens: stats.prompt_tokens,
         cached_tokens: 0,
@@ -265,6 +295,7 @@ fn generate(
         prompt_time: stats.prefill,
         decode_time: stats.decode,
         drafted_tokens: spec.as_ref().map_or(0, |s| s.drafted_tokens()),
-        accepted_tokens: spec.map_or(0, |s| s.accepted_tokens()),
-    }))
+        accepted_tokens: spec.as_ref().map_or(0, |s| s.accepted_tokens()),
+    };
+    Ok(Some((finish, spec)))
 }
