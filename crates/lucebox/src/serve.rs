@@ -63,6 +63,21 @@ pub struct ServeArgs {
     /// The longest request body in bytes [default: 8 MiB].
     #[arg(long)]
     max_body_bytes: Option<usize>,
+    /// Log lines as text or as JSON objects (one per line); `RUST_LOG` sets the level
+    /// [default: text].
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+/// How the server writes its log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for journald and log shippers.
+    Json,
 }
 
 /// The keys a --config file may set: the flags' names, with underscores.
@@ -80,6 +95,7 @@ struct FileConfig {
     max_tokens: Option<usize>,
     queue: Option<usize>,
     max_body_bytes: Option<usize>,
+    log_format: Option<LogFormat>,
 }
 
 /// The settings in force: flags over the file over the defaults.
@@ -89,6 +105,7 @@ struct Settings {
     draft_tokens: usize,
     context: usize,
     threads: Option<usize>,
+    log_format: LogFormat,
     server: ServerConfig,
 }
 
@@ -134,6 +151,7 @@ impl Settings {
             draft_tokens: args.draft_tokens.or(file.draft_tokens).unwrap_or(8),
             context,
             threads: args.threads.or(file.threads),
+            log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             server: ServerConfig {
                 listen: SocketAddr::new(host, port),
                 api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
@@ -153,6 +171,7 @@ impl Settings {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = Settings::new(args)?;
     let policy = draft_policy(settings.draft_tokens, false)?;
+    init_logging(settings.log_format)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -163,7 +182,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let server = Server::bind(settings.server.clone())
             .await
             .with_context(|| format!("listening on {listen}"))?;
-        eprintln!("lucebox: listening on http://{}", server.local_addr()?);
+        tracing::info!("listening on http://{}", server.local_addr()?);
         let handle = server.handle();
         let serving = tokio::spawn(server.serve(shutdown_signal()));
         lucebox_server::notify::status("loading the model");
@@ -172,11 +191,51 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .context("loading the model")??;
         let model_id = engine.model_id.clone();
         handle.ready(engine).context("starting the engine")?;
-        eprintln!("lucebox: ready: {model_id}");
+        tracing::info!("ready: {model_id}");
         serving.await.context("the server")??;
-        eprintln!("lucebox: stopped");
+        tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Logs to stderr: `lucebox: message` lines as text (warnings and errors with their level), or
+/// JSON objects. `RUST_LOG` overrides the level, `info` by default.
+fn init_logging(format: LogFormat) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => builder.event_format(TextLine).try_init(),
+        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+    };
+    installed.map_err(|e| anyhow::anyhow!("installing the logger: {e}"))
+}
+
+/// The text format: `lucebox: message`, as the other commands print, with the level for
+/// anything above info.
+struct TextLine;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for TextLine
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "lucebox: ")?;
+        let level = *event.metadata().level();
+        if level < tracing::Level::INFO {
+            write!(writer, "{}: ", level.as_str().to_lowercase())?;
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
 }
 
 /// Loads the model (and drafter), and builds the generator the engine runs.
@@ -263,7 +322,7 @@ async fn shutdown_signal() {
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(signal) => signal,
                 Err(e) => {
-                    eprintln!("lucebox: cannot watch SIGTERM ({e}); stopping on SIGINT only");
+                    tracing::warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
                     let _ = interrupt.await;
                     return;
                 }
@@ -275,5 +334,5 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = interrupt.await;
-    eprintln!("lucebox: stopping: draining requests in flight");
+    tracing::info!("stopping: draining requests in flight");
 }

@@ -670,3 +670,40 @@ fn systemd_hears_status_ready_watchdog_and_stopping() {
     receive(&mut messages, "STOPPING=1");
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let model = lucebox_testkit::model(MODEL);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+        .args([
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "--log-format",
+            "json",
+        ])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["level"], "INFO");
+    assert!(
+        first["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("listening on http://")
+    );
+    let second: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert!(
+        second["fields"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("ready: ")
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -50,9 +50,25 @@ pub(crate) async fn handle(
     state: Arc<State>,
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Infallible> {
-    let response = route(&state, request)
-        .await
-        .unwrap_or_else(|e| error_response(&e));
+    let started = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = route(&state, request).await.unwrap_or_else(|e| {
+        if e.status.is_server_error() {
+            tracing::warn!("{method} {path}: {e}");
+        }
+        error_response(&e)
+    });
+    // Probes and scrapes come every few seconds; they are logged only at debug level.
+    if path == "/health" || path == "/metrics" {
+        tracing::debug!("{method} {path} {}", response.status().as_u16());
+    } else {
+        tracing::info!(
+            "{method} {path} {} {:.1} ms",
+            response.status().as_u16(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
     Ok(response)
 }
 
