@@ -65,6 +65,34 @@ impl Server {
     }
 
     fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.client().get(path, headers)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Reply {
+        self.client().post(path, body)
+    }
+
+    fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        self.client().send(method, path, headers, body)
+    }
+
+    fn connect(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> TcpStream {
+        self.client().connect(method, path, headers, body)
+    }
+
+    fn client(&self) -> Client {
+        Client { addr: self.addr }
+    }
+}
+
+/// Speaks HTTP/1.1 to the server, one connection per request; shareable across threads.
+#[derive(Clone, Copy)]
+struct Client {
+    addr: SocketAddr,
+}
+
+impl Client {
+    fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
         self.send("GET", path, headers, "")
     }
 
@@ -706,4 +734,64 @@ fn json_logs_are_one_object_per_line() {
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Many clients at once: every request is answered, every token arrives once and in order, and
+/// each greedy output equals what the same request gets alone.
+#[test]
+fn concurrent_streaming_clients_get_exactly_their_single_client_output() {
+    const CLIENTS: usize = 16;
+    const REQUESTS: usize = 48;
+    let server = Server::start(&["--queue", "64"]);
+    let client = server.client();
+    let topics = [
+        "rivers",
+        "prime numbers",
+        "the moon",
+        "bread",
+        "trains",
+        "chess",
+    ];
+    let request = |i: usize| {
+        // Mixed prompt lengths: a topic after 0 to 36 words of context.
+        let context = "Some context words. ".repeat(i % 4 * 3);
+        chat(
+            &format!(
+                "{context}Write one sentence about {}.",
+                topics[i % topics.len()]
+            ),
+            json!({"max_tokens": 6 + 4 * (i % 3), "stream": true}),
+        )
+    };
+    // Request i depends on i modulo 6, 4 and 3: twelve distinct requests.
+    let distinct = 12;
+    let alone: Vec<String> = (0..distinct)
+        .map(|i| streamed_chat(&client.post("/v1/chat/completions", &request(i))).0)
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outputs = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..CLIENTS {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= REQUESTS {
+                        break;
+                    }
+                    let (text, finish, _) =
+                        streamed_chat(&client.post("/v1/chat/completions", &request(i)));
+                    outputs.lock().unwrap().push((i, text, finish));
+                }
+            });
+        }
+    });
+    let outputs = outputs.into_inner().unwrap();
+    assert_eq!(outputs.len(), REQUESTS);
+    for (i, text, finish) in outputs {
+        assert_eq!(text, alone[i % distinct], "request {i}");
+        assert!(
+            finish == "length" || finish == "stop",
+            "request {i}: {finish}"
+        );
+    }
 }
