@@ -10,8 +10,8 @@ use crate::load::{cpu_backend, load_model};
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
     /// A GGUF file, or the name of a fetched catalogue model.
-    #[arg(long, short)]
-    model: String,
+    #[arg(long, short, required_unless_present = "url")]
+    model: Option<String>,
     /// Prompt tokens of the prefill test (one forward pass over a fresh context).
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
@@ -31,8 +31,9 @@ pub(crate) struct BenchArgs {
     /// with n-gram lookup, and compare.
     #[arg(long)]
     spec: bool,
-    /// With --spec: the drafter model (a GGUF file or a catalogue name).
-    #[arg(long, requires = "spec")]
+    /// With --spec: the drafter model (a GGUF file or a catalogue name); with --serve, what
+    /// `lucebox serve --draft` gets.
+    #[arg(long)]
     draft: Option<String>,
     /// With --spec: the longest draft per round.
     #[arg(long, default_value_t = 8)]
@@ -40,13 +41,51 @@ pub(crate) struct BenchArgs {
     /// With --spec: always draft --draft-tokens tokens instead of adapting.
     #[arg(long)]
     fixed_draft: bool,
+    /// Load a server through HTTP at each --concurrency level: aggregate tok/s and time to
+    /// first token. It runs `lucebox serve --model M --draft D` (D: `none` unless --draft is
+    /// given), or drives the server at --url.
+    #[arg(long, conflicts_with = "spec")]
+    serve: bool,
+    /// With --serve: an OpenAI-compatible server to load instead (`http://host:port`).
+    #[arg(long, requires = "serve")]
+    url: Option<String>,
+    /// With --serve: concurrent clients, one level after another.
+    #[arg(
+        long,
+        requires = "serve",
+        value_delimiter = ',',
+        default_value = "1,4,16,64"
+    )]
+    concurrency: Vec<usize>,
+    /// With --serve: requests per level [default: twice the level, at least 8].
+    #[arg(long, requires = "serve")]
+    requests: Option<usize>,
+    /// With --serve: the most tokens per request (the prompt set's own limits also apply).
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
 }
 
 pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repetitions == 0 {
         bail!("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
     }
-    let target = load_model(&args.model, &cpu_backend(args.threads)?).context("--model")?;
+    if args.serve {
+        return crate::serve_bench::run(crate::serve_bench::ServeBenchArgs {
+            url: args.url.as_deref(),
+            model: args.model.as_deref(),
+            draft: args.draft.as_deref().unwrap_or("none"),
+            threads: args.threads,
+            concurrency: &args.concurrency,
+            requests: args.requests,
+            max_tokens: args.max_tokens,
+            json: args.json,
+        });
+    }
+    if args.draft.is_some() && !args.spec {
+        bail!("--draft goes with --spec or --serve");
+    }
+    let model_arg = args.model.as_deref().context("--model is required")?;
+    let target = load_model(model_arg, &cpu_backend(args.threads)?).context("--model")?;
     if args.spec {
         return crate::spec_bench::run(
             &target,
@@ -102,7 +141,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     let decode = median(&mut decode_runs);
     if args.json {
         let report = serde_json::json!({
-            "model": args.model,
+            "model": model_arg,
             "backend": describe,
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
@@ -114,7 +153,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
         println!("{report}");
     } else {
-        println!("model    {}", args.model);
+        println!("model    {model_arg}");
         println!("backend  {describe}");
         println!(
             "{:<10} {:>8} {:>12} {:>12} {:>12}",

@@ -7,6 +7,7 @@ mod generate;
 mod load;
 mod pair;
 mod serve;
+mod serve_bench;
 mod spec_bench;
 
 use clap::{Parser, Subcommand};

@@ -203,9 +203,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 fn init_logging(format: LogFormat) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // A log that cannot be written (stderr closed) must not take requests down: the
+    // subscriber's own error report would panic writing to the same stderr.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     let installed = match format {
         LogFormat::Text => builder.event_format(TextLine).try_init(),
         LogFormat::Json => builder.json().with_current_span(false).try_init(),

@@ -22,13 +22,21 @@ struct PromptSet {
     prompts: Vec<BenchPrompt>,
 }
 
+/// One prompt of the set.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BenchPrompt {
-    name: String,
-    chat: bool,
-    max_tokens: usize,
-    text: String,
+pub(crate) struct BenchPrompt {
+    pub name: String,
+    /// Rendered with the model's chat template as a user message; else raw text.
+    pub chat: bool,
+    pub max_tokens: usize,
+    pub text: String,
+}
+
+/// The project's benchmark prompts (`tests/bench/spec-prompts.toml`, embedded at build time).
+pub(crate) fn prompt_set() -> anyhow::Result<Vec<BenchPrompt>> {
+    let set: PromptSet = toml::from_str(PROMPTS).context("tests/bench/spec-prompts.toml")?;
+    Ok(set.prompts)
 }
 
 #[derive(Serialize)]
@@ -55,7 +63,7 @@ pub(crate) struct SpecBenchArgs<'a> {
 
 pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
     let policy = draft_policy(args.draft_tokens, args.fixed_draft)?;
-    let set: PromptSet = toml::from_str(PROMPTS).context("tests/bench/spec-prompts.toml")?;
+    let prompts = prompt_set()?;
     let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
     let drafter = args
         .draft
@@ -87,7 +95,7 @@ pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()
     modes.push(("ngram", speculative(Box::<NgramDrafter>::default())?));
 
     let mut runs = Vec::new();
-    for prompt in &set.prompts {
+    for prompt in &prompts {
         let ids = prompt_tokens(target, &tokenizer, &prompt.text, prompt.chat, None)
             .with_context(|| format!("prompt {}", prompt.name))?;
         let mut plain: Option<(Vec<u32>, f64)> = None;

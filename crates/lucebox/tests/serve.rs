@@ -795,3 +795,37 @@ fn concurrent_streaming_clients_get_exactly_their_single_client_output() {
         );
     }
 }
+
+#[test]
+fn a_closed_log_does_not_take_requests_down() {
+    let model = lucebox_testkit::model(MODEL);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut addr = None;
+    {
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(at) = line.strip_prefix("lucebox: listening on http://") {
+                addr = Some(at.parse().unwrap());
+            }
+            if line.starts_with("lucebox: ready") {
+                break;
+            }
+        }
+        // Dropping the reader closes the pipe: every later log line fails to write.
+    }
+    let client = Client {
+        addr: addr.unwrap(),
+    };
+    for _ in 0..2 {
+        let reply = client.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 2}));
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
