@@ -64,16 +64,18 @@ fetch_source() {
     echo "$unpacked"
 }
 
-# build_llama_cpp [--examples] TARGET...: configures and builds llama.cpp in $build_dir unless
-# every TARGET is already there as $build_dir/bin/TARGET. --examples configures llama.cpp's
-# examples too (llama-speculative-simple is one); reconfiguring an existing build directory only
-# adds targets, the libraries already built stay.
+# build_llama_cpp [--examples] [--server] TARGET...: configures and builds llama.cpp in
+# $build_dir unless every TARGET is already there as $build_dir/bin/TARGET. --examples
+# configures llama.cpp's examples too (llama-speculative-simple is one), --server its HTTP server
+# (llama-server); reconfiguring an existing build directory only adds targets, the libraries
+# already built stay.
 build_llama_cpp() {
-    local examples=OFF
-    if [[ ${1:-} == --examples ]]; then
-        examples=ON
+    local examples=OFF server=OFF
+    while [[ ${1:-} == --examples || ${1:-} == --server ]]; do
+        [[ $1 == --examples ]] && examples=ON
+        [[ $1 == --server ]] && server=ON
         shift
-    fi
+    done
     local target stale=0
     for target in "$@"; do
         [[ -x $build_dir/bin/$target ]] || stale=1
@@ -92,7 +94,7 @@ build_llama_cpp() {
     cmake -S "$src" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
         -DCMAKE_C_FLAGS="$isa_flags" -DCMAKE_CXX_FLAGS="$isa_flags" \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES="$examples" \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON \
+        -DLLAMA_BUILD_SERVER="$server" -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON \
         >"$build_dir.configure.log" 2>&1 || die "cmake configure failed: see $build_dir.configure.log"
     nice cmake --build "$build_dir" --config Release -j "${LLAMA_CPP_JOBS:-$(nproc)}" --target "$@" \
         >"$build_dir.build.log" 2>&1 || die "llama.cpp build failed: see $build_dir.build.log"
