@@ -17,24 +17,29 @@ struct Server {
     log: std::sync::mpsc::Receiver<String>,
 }
 
+/// `lucebox serve` on SmolLM2 and a free port, its log on a pipe.
+fn spawn_serve(extra: &[&str]) -> Child {
+    let model = lucebox_testkit::model(MODEL);
+    Command::new(env!("CARGO_BIN_EXE_lucebox"))
+        .args([
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "--threads",
+            "2",
+        ])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let model = lucebox_testkit::model(MODEL);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lucebox"))
-            .args([
-                "serve",
-                "--model",
-                model.to_str().unwrap(),
-                "--port",
-                "0",
-                "--threads",
-                "2",
-            ])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_serve(extra);
         let stderr = BufReader::new(child.stderr.take().unwrap());
         let (lines, log) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -701,21 +706,7 @@ fn systemd_hears_status_ready_watchdog_and_stopping() {
 
 #[test]
 fn json_logs_are_one_object_per_line() {
-    let model = lucebox_testkit::model(MODEL);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lucebox"))
-        .args([
-            "serve",
-            "--model",
-            model.to_str().unwrap(),
-            "--port",
-            "0",
-            "--log-format",
-            "json",
-        ])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_serve(&["--log-format", "json"]);
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(first["level"], "INFO");
@@ -798,13 +789,7 @@ fn concurrent_streaming_clients_get_exactly_their_single_client_output() {
 
 #[test]
 fn a_closed_log_does_not_take_requests_down() {
-    let model = lucebox_testkit::model(MODEL);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lucebox"))
-        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_serve(&[]);
     let mut addr = None;
     {
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();

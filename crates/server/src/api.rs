@@ -5,18 +5,16 @@ use lucebox_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::worker::Request;
 
 /// Most stop strings per request, and the longest one in bytes.
 const MAX_STOPS: usize = 16;
 const MAX_STOP_BYTES: usize = 256;
 
-/// What a request asks the engine for, checked against the model.
+/// What a request asks for, checked against the model.
 #[derive(Debug)]
 pub(crate) struct Generation {
-    pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    pub max_tokens: usize,
-    pub stop: Vec<String>,
+    pub request: Request,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -291,10 +289,12 @@ fn generation(prompt: Vec<u32>, common: Common, model: &Model) -> Result<Generat
         other => ApiError::invalid(other.to_string()),
     })?;
     Ok(Generation {
-        prompt,
-        params,
-        max_tokens,
-        stop,
+        request: Request {
+            prompt,
+            params,
+            max_tokens,
+            stop,
+        },
         stream: common.stream.unwrap_or(false),
         include_usage: common
             .stream_options

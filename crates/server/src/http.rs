@@ -312,10 +312,7 @@ async fn complete(
 ) -> Result<Response<ResponseBody>, ApiError> {
     let (events, mut received) = worker::events();
     let job = Job {
-        prompt: generation.prompt,
-        params: generation.params,
-        max_tokens: generation.max_tokens,
-        stop: generation.stop,
+        request: generation.request,
         events,
         arrived: Instant::now(),
     };

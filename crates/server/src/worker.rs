@@ -19,13 +19,19 @@ use crate::stop::StopMatcher;
 /// engine waits for the client.
 const EVENTS_BUFFERED: usize = 64;
 
-/// One request for the engine.
+/// What the engine generates for one request.
 #[derive(Debug)]
-pub(crate) struct Job {
+pub(crate) struct Request {
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
+}
+
+/// A request queued for the engine, with where its events go.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub request: Request,
     pub events: mpsc::Sender<Event>,
     /// When the request arrived, for the latency metrics.
     pub arrived: Instant,
@@ -170,8 +176,8 @@ fn run(
             continue;
         }
         metrics.observe(Latency::Queue, job.arrived.elapsed());
-        let cached = shared_prefix(&held, &job.prompt);
-        held.clone_from(&job.prompt);
+        let cached = shared_prefix(&held, &job.request.prompt);
+        held.clone_from(&job.request.prompt);
         let mut last_token: Option<Instant> = None;
         let on_token = || {
             if let Some(watchdog) = &mut watchdog {
@@ -235,18 +241,18 @@ fn generate(
     held: &mut Vec<u32>,
     mut on_token: impl FnMut(),
 ) -> Result<Option<(Finish, Option<SpecStats>)>, String> {
-    let mut sampler = Sampler::new(job.params.clone());
+    let mut sampler = Sampler::new(job.request.params.clone());
     let mut decoder = StreamDecoder::new(Arc::clone(tokenizer), true);
-    let mut stops = StopMatcher::new(job.stop.clone());
+    let mut stops = StopMatcher::new(job.request.stop.clone());
     let mut stopped_by_text = false;
     let mut gone = false;
     let send =
         |text: String| text.is_empty() || job.events.blocking_send(Event::Text(text)).is_ok();
     let (stats, spec) = generator
         .generate(
-            &job.prompt,
+            &job.request.prompt,
             &mut sampler,
-            job.max_tokens,
+            job.request.max_tokens,
             &|t| tokenizer.is_end_of_generation(t),
             &mut |t| {
                 on_token();

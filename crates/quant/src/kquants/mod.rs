@@ -243,47 +243,24 @@ struct Avx2Rows<F>(std::marker::PhantomData<F>);
 #[cfg(target_arch = "x86_64")]
 struct Avx512Rows<F>(std::marker::PhantomData<F>);
 
-#[cfg(target_arch = "x86_64")]
-impl RowsKernel for Avx2Rows<Q4K> {
-    const MAX_ROWS: usize = 4;
-    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-        // SAFETY: the caller checked the CPU and the lengths.
-        unsafe { avx2::dot_q4_k_rows(weight, activations) }
-    }
+/// Implements [`RowsKernel`] for `$kernels` with the const-generic kernel `$dot`.
+macro_rules! rows_kernel {
+    ($($kernels:ty => $dot:path, $max_rows:literal;)*) => {$(
+        #[cfg(target_arch = "x86_64")]
+        impl RowsKernel for $kernels {
+            const MAX_ROWS: usize = $max_rows;
+            unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+                // SAFETY: the caller checked the CPU and the lengths.
+                unsafe { $dot(weight, activations) }
+            }
+        }
+    )*};
 }
 
-#[cfg(target_arch = "x86_64")]
-impl RowsKernel for Avx2Rows<Q5K> {
-    const MAX_ROWS: usize = 4;
-    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-        // SAFETY: the caller checked the CPU and the lengths.
-        unsafe { avx2::dot_q5_k_rows(weight, activations) }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl RowsKernel for Avx512Rows<Q4K> {
-    const MAX_ROWS: usize = 8;
-    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-        // SAFETY: the caller checked the CPU and the lengths.
-        unsafe { avx512_mins::dot_q4_k_rows(weight, activations) }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl RowsKernel for Avx512Rows<Q5K> {
-    const MAX_ROWS: usize = 8;
-    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-        // SAFETY: the caller checked the CPU and the lengths.
-        unsafe { avx512_mins::dot_q5_k_rows(weight, activations) }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl RowsKernel for Avx512Rows<Q6K> {
-    const MAX_ROWS: usize = 8;
-    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-        // SAFETY: the caller checked the CPU and the lengths.
-        unsafe { avx512::dot_q6_k_rows(weight, activations) }
-    }
+rows_kernel! {
+    Avx2Rows<Q4K> => avx2::dot_q4_k_rows, 4;
+    Avx2Rows<Q5K> => avx2::dot_q5_k_rows, 4;
+    Avx512Rows<Q4K> => avx512_mins::dot_q4_k_rows, 8;
+    Avx512Rows<Q5K> => avx512_mins::dot_q5_k_rows, 8;
+    Avx512Rows<Q6K> => avx512::dot_q6_k_rows, 8;
 }
