@@ -307,6 +307,31 @@ fn generation(prompt: Vec<u32>, common: Common, model: &Model) -> Result<Generat
 mod tests {
     use super::*;
 
+    /// The fields alone; the checks against a model run in the server's integration tests.
+    fn parse_common(body: &str) -> Result<Common, serde_json::Error> {
+        serde_json::from_str(body)
+    }
+
+    #[test]
+    fn odd_values_are_errors_not_panics() {
+        for body in [
+            r#"{"max_tokens": -1}"#,
+            r#"{"max_tokens": 1e30}"#,
+            r#"{"seed": -5}"#,
+            r#"{"stop": 3}"#,
+            r#"{"stop": [1, 2]}"#,
+            r#"{"n": "two"}"#,
+            r#"{"temperature": "hot"}"#,
+        ] {
+            assert!(parse_common(body).is_err(), "{body}");
+        }
+        let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+        assert!(serde_json::from_str::<ChatRequest>(&deep).is_err());
+        let huge = parse_common(r#"{"max_tokens": 18446744073709551615, "top_k": -3}"#).unwrap();
+        assert_eq!(huge.max_tokens, Some(u64::MAX));
+        assert_eq!(huge.top_k, Some(-3));
+    }
+
     #[test]
     fn stop_strings_parse_as_one_or_many() {
         let one: Common = serde_json::from_str(r#"{"stop": " 3"}"#).unwrap();

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use lucebox_engine::Generator;
 use lucebox_tokenizer::{ChatTemplate, Tokenizer};
 use tokio::net::TcpListener;
@@ -262,7 +262,10 @@ impl Server {
             };
             let state = Arc::clone(&self.state);
             let service = service_fn(move |request| http::handle(Arc::clone(&state), request));
+            // The timer arms hyper's 30 s limit on reading a request's head: a client that
+            // trickles headers cannot hold a connection open for ever.
             let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(stream), service);
             let connection = graceful.watch(connection);
