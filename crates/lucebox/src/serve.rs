@@ -115,7 +115,9 @@ impl Settings {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("--config {}", path.display()))?;
-                toml::from_str(&text).with_context(|| format!("--config {}", path.display()))?
+                toml::from_str(&text).map_err(|e| {
+                    anyhow::anyhow!("--config {}: {}", path.display(), one_line(&e, &text))
+                })?
             }
             None => FileConfig::default(),
         };
@@ -165,6 +167,18 @@ impl Settings {
             },
         })
     }
+}
+
+/// A TOML error as one line: where, then what.
+fn one_line(error: &toml::de::Error, text: &str) -> String {
+    let what = error.message().trim();
+    let Some(span) = error.span() else {
+        return what.to_owned();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
+    format!("line {line}, column {column}: {what}")
 }
 
 /// Runs `lucebox serve` until SIGINT or SIGTERM.

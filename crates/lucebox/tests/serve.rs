@@ -814,3 +814,44 @@ fn a_closed_log_does_not_take_requests_down() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn a_config_file_sets_what_flags_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        "max_tokens = 5\napi_key = \"from-file\"\nqueue = 3\n",
+    )
+    .unwrap();
+    let server = Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--api-key",
+        "from-flag",
+    ]);
+    let send = |key: &str, max_tokens: u32| {
+        let body = chat("hi", json!({"max_tokens": max_tokens})).to_string();
+        let auth = format!("Bearer {key}");
+        server.send(
+            "POST",
+            "/v1/chat/completions",
+            &[("Authorization", &auth)],
+            &body,
+        )
+    };
+    // The flag's key wins over the file's; the file's token cap holds.
+    send("from-file", 5).error(401);
+    assert_eq!(send("from-flag", 5).status, 200);
+    assert_eq!(send("from-flag", 6).error(400)["param"], "max_tokens");
+
+    std::fs::write(&config, "max_tokens = 5\nmax_tokenz = 6\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("max_tokenz"), "{stderr}");
+}
