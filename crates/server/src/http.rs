@@ -103,11 +103,12 @@ async fn route(
     }
     if path == "/health" {
         return match state.ready.get() {
-            Some(_) if !state.is_draining() => {
-                Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
-            }
-            Some(_) => Err(ApiError::unavailable("shutting down", 5)),
             None => Err(ApiError::unavailable("loading the model", 5)),
+            Some(ready) if !ready.queue.is_alive() => {
+                Err(ApiError::internal("the engine has stopped"))
+            }
+            Some(_) if state.is_draining() => Err(ApiError::unavailable("shutting down", 5)),
+            Some(_) => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
         };
     }
     let ready = state
@@ -409,7 +410,13 @@ async fn complete(
                         .await;
                     break;
                 }
-                None => break,
+                None => {
+                    let error = ApiError::internal("the engine stopped");
+                    let _ = chunks
+                        .send(Bytes::from(format!("data: {}\n\n", error.to_json())))
+                        .await;
+                    break;
+                }
             }
         }
         let _ = chunks.send(Bytes::from_static(b"data: [DONE]\n\n")).await;

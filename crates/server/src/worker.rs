@@ -3,6 +3,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,16 @@ pub(crate) struct Finish {
 #[derive(Clone, Debug)]
 pub(crate) struct Queue {
     jobs: SyncSender<Job>,
+    alive: Arc<AtomicBool>,
+}
+
+/// Marks the engine dead when its thread ends, by a return or a panic.
+struct Alive(Arc<AtomicBool>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Why a job was not queued.
@@ -93,6 +104,11 @@ pub(crate) enum Refused {
 }
 
 impl Queue {
+    /// Whether the engine thread still runs.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
     /// Queues `job`.
     pub(crate) fn submit(&self, job: Job) -> Result<(), Refused> {
         self.jobs.try_send(job).map_err(|e| match e {
@@ -112,10 +128,18 @@ pub(crate) fn spawn(
     metrics: Arc<Metrics>,
 ) -> std::io::Result<Queue> {
     let (jobs, waiting) = std::sync::mpsc::sync_channel(capacity);
+    let alive = Arc::new(AtomicBool::new(true));
+    let guard = Alive(Arc::clone(&alive));
     std::thread::Builder::new()
         .name("lucebox-engine".into())
-        .spawn(move || run(generator, &tokenizer, &waiting, watchdog, &metrics))?;
-    Ok(Queue { jobs })
+        .spawn(move || {
+            // Declared before the queue's receiver, so dropped after it: once the engine
+            // counts as dead, submitting fails too.
+            let _guard = guard;
+            let waiting = waiting;
+            run(generator, &tokenizer, &waiting, watchdog, &metrics);
+        })?;
+    Ok(Queue { jobs, alive })
 }
 
 /// Generates one token from one token, greedily: the model runs end to end before the server
@@ -304,4 +328,169 @@ fn generate(
         accepted_tokens: spec.as_ref().map_or(0, |s| s.accepted_tokens()),
     };
     Ok(Some((finish, spec)))
+}
+
+#[cfg(test)]
+mod tests {
+    use lucebox_engine::{Error, GenerationStats};
+
+    use super::*;
+
+    fn tokenizer() -> Arc<Tokenizer> {
+        let path = lucebox_testkit::model("smollm2-135m-instruct-q4_1");
+        let file = lucebox_gguf::GgufFile::open(&path).unwrap();
+        Arc::new(Tokenizer::from_gguf(file.metadata()).unwrap())
+    }
+
+    fn job(max_tokens: usize, stop: &[&str]) -> (Job, mpsc::Receiver<Event>) {
+        let (events, received) = events();
+        let request = Request {
+            prompt: vec![1, 2, 3],
+            params: SamplingParams::default(),
+            max_tokens,
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+        };
+        let job = Job {
+            request,
+            events,
+            arrived: Instant::now(),
+        };
+        (job, received)
+    }
+
+    /// Generates a fixed list of tokens, as a model would, honouring the caller's stop.
+    struct Scripted(Vec<u32>);
+
+    impl Generator for Scripted {
+        fn generate(
+            &mut self,
+            prompt: &[u32],
+            _: &mut Sampler,
+            max_tokens: usize,
+            is_end: &dyn Fn(u32) -> bool,
+            on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        ) -> Result<(GenerationStats, Option<SpecStats>), Error> {
+            let mut stats = GenerationStats {
+                prompt_tokens: prompt.len(),
+                generated_tokens: 0,
+                prefill: Duration::ZERO,
+                decode: Duration::ZERO,
+                stop: StopReason::MaxTokens,
+            };
+            for &token in self.0.iter().take(max_tokens) {
+                stats.generated_tokens += 1;
+                if on_token(token).is_break() {
+                    stats.stop = StopReason::Caller;
+                    break;
+                }
+                if is_end(token) {
+                    stats.stop = StopReason::EndOfGeneration;
+                    break;
+                }
+            }
+            Ok((stats, None))
+        }
+
+        fn context(&self) -> usize {
+            64
+        }
+    }
+
+    struct Panicking;
+
+    impl Generator for Panicking {
+        fn generate(
+            &mut self,
+            _: &[u32],
+            _: &mut Sampler,
+            _: usize,
+            _: &dyn Fn(u32) -> bool,
+            _: &mut dyn FnMut(u32) -> ControlFlow<()>,
+        ) -> Result<(GenerationStats, Option<SpecStats>), Error> {
+            panic!("a wedged kernel");
+        }
+
+        fn context(&self) -> usize {
+            64
+        }
+    }
+
+    fn collect(received: &mut mpsc::Receiver<Event>) -> (String, Option<Finish>) {
+        let mut text = String::new();
+        while let Some(event) = received.blocking_recv() {
+            match event {
+                Event::Text(piece) => text.push_str(&piece),
+                Event::Done(finish) => return (text, Some(finish)),
+                Event::Failed(message) => panic!("failed: {message}"),
+            }
+        }
+        (text, None)
+    }
+
+    #[test]
+    fn a_stop_string_ends_generation_and_the_text_before_it_is_sent() {
+        let tokenizer = tokenizer();
+        let tokens = tokenizer.encode("The answer is 42. END of story, and more.", false);
+        let queue = spawn(
+            Box::new(Scripted(tokens)),
+            Arc::clone(&tokenizer),
+            2,
+            None,
+            Arc::default(),
+        )
+        .unwrap();
+        let (job, mut received) = job(100, &["END"]);
+        queue.submit(job).unwrap();
+        let (text, finish) = collect(&mut received);
+        let finish = finish.unwrap();
+        assert_eq!(text, "The answer is 42. ");
+        assert_eq!(finish.reason, FinishReason::Stop);
+        // Generation stopped at the stop string, not at the end of the script.
+        assert!(
+            finish.completion_tokens < 12,
+            "{}",
+            finish.completion_tokens
+        );
+    }
+
+    #[test]
+    fn an_end_of_generation_token_is_not_sent_as_text() {
+        let tokenizer = tokenizer();
+        let mut tokens = tokenizer.encode("Done.", false);
+        tokens.push(tokenizer.eos().unwrap());
+        tokens.extend(tokenizer.encode(" never", false));
+        let queue = spawn(
+            Box::new(Scripted(tokens)),
+            Arc::clone(&tokenizer),
+            2,
+            None,
+            Arc::default(),
+        )
+        .unwrap();
+        let (job, mut received) = job(100, &[]);
+        queue.submit(job).unwrap();
+        let (text, finish) = collect(&mut received);
+        assert_eq!(text, "Done.");
+        assert_eq!(finish.unwrap().reason, FinishReason::Stop);
+    }
+
+    #[test]
+    fn a_panicking_engine_is_reported_dead_and_refuses_work() {
+        let tokenizer = tokenizer();
+        let queue = spawn(Box::new(Panicking), tokenizer, 2, None, Arc::default()).unwrap();
+        let (job_1, mut received) = job(4, &[]);
+        queue.submit(job_1).unwrap();
+        // The job's sender goes down with the thread: no Done, no Failed.
+        assert!(received.blocking_recv().is_none());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while queue.is_alive() {
+            assert!(
+                Instant::now() < deadline,
+                "the engine still counts as alive"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (job_2, _) = job(4, &[]);
+        assert_eq!(queue.submit(job_2), Err(Refused::Stopped));
+    }
 }
