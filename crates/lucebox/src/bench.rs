@@ -18,7 +18,7 @@ pub(crate) struct BenchArgs {
     /// Tokens of the decode test (one at a time from a fresh context, greedy).
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
-    /// Runs of each test; the median is reported.
+    /// Runs of each test (with --spec: of each prompt and mode); the median is reported.
     #[arg(long, default_value_t = 5)]
     repetitions: usize,
     /// Threads (default: all cores).
@@ -94,6 +94,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
                 draft_tokens: args.draft_tokens,
                 fixed_draft: args.fixed_draft,
                 context: 2048,
+                repetitions: args.repetitions,
                 json: args.json,
             },
         );

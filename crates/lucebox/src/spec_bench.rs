@@ -50,6 +50,8 @@ struct Run {
     mean_acceptance_length: Option<f64>,
     plain_steps: Option<u64>,
     same_output_as_plain: bool,
+    /// Every timed run's rate, sorted.
+    runs_tok_s: Vec<f64>,
 }
 
 /// The draft setting of a speculative mode.
@@ -58,6 +60,8 @@ pub(crate) struct SpecBenchArgs<'a> {
     pub draft_tokens: usize,
     pub fixed_draft: bool,
     pub context: usize,
+    /// Timed runs of each prompt and mode; the median rate is reported.
+    pub repetitions: usize,
     pub json: bool,
 }
 
@@ -98,24 +102,38 @@ pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()
     for prompt in &prompts {
         let ids = prompt_tokens(target, &tokenizer, &prompt.text, prompt.chat, None)
             .with_context(|| format!("prompt {}", prompt.name))?;
-        let mut plain: Option<(Vec<u32>, f64)> = None;
-        for (mode, generator) in &mut modes {
+        for (_, generator) in &mut modes {
             // A short untimed run first faults in this mode's weights and sizes its buffers.
             let _ = generate(generator.as_mut(), &ids, 4, &tokenizer)?;
-            let (output, seconds, spec) =
-                generate(generator.as_mut(), &ids, prompt.max_tokens, &tokenizer)?;
-            let rate = output.len().saturating_sub(1) as f64 / seconds;
-            let (plain_output, plain_rate) = plain.get_or_insert_with(|| (output.clone(), rate));
+        }
+        // Repetitions go round the modes, so that a slow spell of this shared machine falls on
+        // every mode alike rather than on one.
+        let mut rates = vec![Vec::new(); modes.len()];
+        let mut last = Vec::new();
+        for _ in 0..args.repetitions {
+            last.clear();
+            for ((_, generator), rates) in modes.iter_mut().zip(&mut rates) {
+                let (output, seconds, spec) =
+                    generate(generator.as_mut(), &ids, prompt.max_tokens, &tokenizer)?;
+                rates.push(output.len().saturating_sub(1) as f64 / seconds);
+                last.push((output, spec));
+            }
+        }
+        let plain_rate = median(&mut rates[0]);
+        let plain_output = last[0].0.clone();
+        for (((mode, _), rates), (output, spec)) in modes.iter().zip(&mut rates).zip(&last) {
+            let rate = median(rates);
             runs.push(Run {
                 prompt: prompt.name.clone(),
                 mode,
                 tokens: output.len(),
                 decode_tok_s: rate,
-                ratio_to_plain: rate / *plain_rate,
+                ratio_to_plain: rate / plain_rate,
                 acceptance_rate: spec.as_ref().map(SpecStats::acceptance_rate),
                 mean_acceptance_length: spec.as_ref().map(SpecStats::mean_acceptance_length),
                 plain_steps: spec.as_ref().map(|s| s.plain_steps),
-                same_output_as_plain: output == *plain_output,
+                same_output_as_plain: *output == plain_output,
+                runs_tok_s: rates.clone(),
             });
         }
     }
@@ -124,14 +142,16 @@ pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()
             "model": target.label,
             "draft": args.draft,
             "policy": format!("{policy:?}"),
+            "repetitions": args.repetitions,
             "runs": runs,
         });
         println!("{report}");
     } else {
         println!(
-            "model {}, draft {}, {policy:?}",
+            "model {}, draft {}, {policy:?}, median of {} runs",
             target.label,
-            args.draft.unwrap_or("none")
+            args.draft.unwrap_or("none"),
+            args.repetitions
         );
         println!(
             "{:<16} {:<12} {:>6} {:>9} {:>7} {:>7} {:>8} {:>6} {:>5}",
@@ -162,6 +182,12 @@ pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()
         );
     }
     Ok(())
+}
+
+/// The median of `values`, which it sorts.
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// Greedy generation of up to `max_tokens`; the output, the seconds after the first token,
