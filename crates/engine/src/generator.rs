@@ -22,6 +22,9 @@ pub trait Generator: Send {
 
     /// The most tokens one sequence, prompt and generation together, may hold.
     fn context(&self) -> usize;
+
+    /// The tokens whose KV positions the generator holds now.
+    fn held_tokens(&self) -> usize;
 }
 
 impl<B: Backend> Generator for Session<B>
@@ -42,6 +45,10 @@ where
 
     fn context(&self) -> usize {
         self.config().context
+    }
+
+    fn held_tokens(&self) -> usize {
+        self.tokens().len()
     }
 }
 
@@ -64,5 +71,9 @@ where
 
     fn context(&self) -> usize {
         self.config().context
+    }
+
+    fn held_tokens(&self) -> usize {
+        self.tokens().len()
     }
 }

@@ -50,6 +50,8 @@ pub enum StopReason {
 pub struct GenerationStats {
     /// Prompt tokens fed.
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV positions were kept from the previous sequence, not fed again.
+    pub reused_tokens: usize,
     /// Tokens generated (an end-of-generation token included).
     pub generated_tokens: usize,
     /// Time to feed the prompt and sample the first token.
@@ -157,8 +159,9 @@ impl<B: Backend> Session<B> {
     /// Makes the sequence `tokens`, keeping the KV positions of the prefix it shares with the
     /// current one and feeding the rest. The last token is always fed again, so its logits are
     /// ready for [`sample`](Self::sample). A drafter following a target, or a prompt that
-    /// extends the previous one, costs only the new tokens.
-    pub fn feed_reusing(&mut self, tokens: &[u32]) -> Result<(), Error> {
+    /// extends the previous one, costs only the new tokens. Returns how many positions were
+    /// kept.
+    pub fn feed_reusing(&mut self, tokens: &[u32]) -> Result<usize, Error> {
         let shared = self
             .tokens
             .iter()
@@ -167,7 +170,8 @@ impl<B: Backend> Session<B> {
             .count()
             .min(tokens.len().saturating_sub(1));
         self.truncate(shared);
-        self.feed(&tokens[shared..])
+        self.feed(&tokens[shared..])?;
+        Ok(shared)
     }
 
     /// Appends `tokens` to the sequence, in chunks of at most `prefill_chunk`, and keeps the
@@ -303,9 +307,9 @@ impl<B: Backend> Session<B> {
         if max_tokens == 0 {
             return Ok(out.finish());
         }
-        self.feed_reusing(prompt)?;
+        let reused = self.feed_reusing(prompt)?;
         let mut token = self.sample(sampler)?;
-        out.prefill_done();
+        out.prefill_done(reused);
         while out.push(token) {
             if self.tokens.len() == self.config.context {
                 return Ok(out.stop(StopReason::ContextFull));
@@ -335,6 +339,7 @@ impl<E: Fn(u32) -> bool, F: FnMut(u32) -> ControlFlow<()>> TokenSink<E, F> {
         Self {
             stats: GenerationStats {
                 prompt_tokens,
+                reused_tokens: 0,
                 generated_tokens: 0,
                 prefill: Duration::ZERO,
                 decode: Duration::ZERO,
@@ -349,7 +354,9 @@ impl<E: Fn(u32) -> bool, F: FnMut(u32) -> ControlFlow<()>> TokenSink<E, F> {
     }
 
     /// Marks the end of the prefill: the first token is chosen.
-    pub(crate) fn prefill_done(&mut self) {
+    /// The prompt is fed (`reused` of its tokens kept from before) and the first token sampled.
+    pub(crate) fn prefill_done(&mut self, reused: usize) {
+        self.stats.reused_tokens = reused;
         self.stats.prefill = self.started.elapsed();
         self.decode_started = Some(Instant::now());
     }

@@ -177,8 +177,6 @@ fn run(
     metrics: &Metrics,
 ) {
     let context = generator.context();
-    // The sequence the generator holds, to tell how much of the next prompt it reuses.
-    let mut held: Vec<u32> = Vec::new();
     loop {
         let job = match &mut watchdog {
             Some(watchdog) => {
@@ -200,8 +198,6 @@ fn run(
             continue;
         }
         metrics.observe(Latency::Queue, job.arrived.elapsed());
-        let cached = shared_prefix(&held, &job.request.prompt);
-        held.clone_from(&job.request.prompt);
         let mut last_token: Option<Instant> = None;
         let on_token = || {
             if let Some(watchdog) = &mut watchdog {
@@ -214,19 +210,15 @@ fn run(
             }
             last_token = Some(now);
         };
-        let outcome = generate(generator.as_mut(), tokenizer, &job, &mut held, on_token);
+        let outcome = generate(generator.as_mut(), tokenizer, &job, on_token);
         metrics.stopped_running();
+        metrics.kv_usage(generator.held_tokens(), context);
         let event = match outcome {
-            Ok(Some((mut finish, spec))) => {
-                finish.cached_tokens = cached;
-                // The last token was sampled, not fed: the generator does not hold it.
-                if finish.completion_tokens > 0 {
-                    held.pop();
-                }
+            Ok(Some((finish, spec))) => {
                 metrics.observe(Latency::EndToEnd, job.arrived.elapsed());
                 metrics.finished(
                     finish.prompt_tokens,
-                    cached,
+                    finish.cached_tokens,
                     finish.completion_tokens,
                     finish.reason == FinishReason::Stop,
                     spec.as_ref(),
@@ -235,34 +227,22 @@ fn run(
             }
             Ok(None) => {
                 tracing::debug!("client went away; generation cancelled");
-                held.pop();
-                metrics.kv_usage(held.len(), context);
                 continue;
             }
             Err(message) => {
                 tracing::warn!("generation failed: {message}");
-                held.clear();
                 Event::Failed(message)
             }
         };
-        metrics.kv_usage(held.len(), context);
         // A client that has gone no longer needs the result.
         let _ = job.events.blocking_send(event);
     }
-}
-
-/// The prefix the engine reuses: the tokens shared with what it holds, less the last prompt
-/// token, which is always fed again.
-fn shared_prefix(held: &[u32], prompt: &[u32]) -> usize {
-    let shared = held.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-    shared.min(prompt.len().saturating_sub(1))
 }
 
 fn generate(
     generator: &mut dyn Generator,
     tokenizer: &Arc<Tokenizer>,
     job: &Job,
-    held: &mut Vec<u32>,
     mut on_token: impl FnMut(),
 ) -> Result<Option<(Finish, Option<SpecStats>)>, String> {
     let mut sampler = Sampler::new(job.request.params.clone());
@@ -280,7 +260,6 @@ fn generate(
             &|t| tokenizer.is_end_of_generation(t),
             &mut |t| {
                 on_token();
-                held.push(t);
                 if tokenizer.is_end_of_generation(t) {
                     return ControlFlow::Continue(());
                 }
@@ -320,7 +299,7 @@ fn generate(
     let finish = Finish {
         reason,
         prompt_tokens: stats.prompt_tokens,
-        cached_tokens: 0,
+        cached_tokens: stats.reused_tokens,
         completion_tokens: stats.generated_tokens,
         prompt_time: stats.prefill,
         decode_time: stats.decode,
@@ -372,6 +351,7 @@ mod tests {
         ) -> Result<(GenerationStats, Option<SpecStats>), Error> {
             let mut stats = GenerationStats {
                 prompt_tokens: prompt.len(),
+                reused_tokens: 0,
                 generated_tokens: 0,
                 prefill: Duration::ZERO,
                 decode: Duration::ZERO,
@@ -394,6 +374,10 @@ mod tests {
         fn context(&self) -> usize {
             64
         }
+
+        fn held_tokens(&self) -> usize {
+            0
+        }
     }
 
     struct Panicking;
@@ -412,6 +396,10 @@ mod tests {
 
         fn context(&self) -> usize {
             64
+        }
+
+        fn held_tokens(&self) -> usize {
+            0
         }
     }
 

@@ -136,6 +136,11 @@ impl<B: Backend> Speculator<B> {
         self.target.config()
     }
 
+    /// The tokens the target's KV cache holds.
+    pub fn tokens(&self) -> &[u32] {
+        self.target.tokens()
+    }
+
     /// Generates a continuation of `prompt` (the whole sequence: the KV positions of a prefix
     /// shared with the previous call are reused) like [`Session::generate`], producing exactly
     /// the tokens (greedy) or the distribution of tokens (sampled) that the target alone
@@ -160,9 +165,9 @@ impl<B: Backend> Speculator<B> {
             return Ok((out.finish(), spec));
         }
         self.drafter.start(sampler.params())?;
-        self.target.feed_reusing(prompt)?;
+        let reused = self.target.feed_reusing(prompt)?;
         let mut pending = self.target.sample(sampler)?;
-        out.prefill_done();
+        out.prefill_done(reused);
         let mut control = DraftLength::new(self.policy.longest());
         if !out.push(pending) {
             return Ok((out.finish(), spec));
