@@ -361,8 +361,9 @@ async fn complete(
     let (chunks, body) = mpsc::channel(SSE_BUFFERED);
     let include_usage = generation.include_usage;
     tokio::spawn(async move {
-        let send = |value: &Value| {
-            let chunk = Bytes::from(format!("data: {value}\n\n"));
+        // Each event is one `data:` line; a failed send means the client has gone.
+        let send = |payload: String| {
+            let chunk = Bytes::from(format!("data: {payload}\n\n"));
             let chunks = chunks.clone();
             async move { chunks.send(chunk).await.is_ok() }
         };
@@ -371,55 +372,46 @@ async fn complete(
                 true,
                 json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null, "logprobs": null}]),
             );
-            if !send(&first).await {
+            if !send(first.to_string()).await {
                 return;
             }
         }
-        loop {
+        let failure = loop {
             match received.recv().await {
                 Some(Event::Text(piece)) => {
-                    if !send(&envelope.wrap(true, json!([kind.choice(Some(&piece), None, true)])))
-                        .await
-                    {
+                    let chunk = envelope.wrap(true, json!([kind.choice(Some(&piece), None, true)]));
+                    if !send(chunk.to_string()).await {
                         return;
                     }
                 }
                 Some(Event::Done(finish)) => {
-                    let last = envelope.wrap(
+                    let mut last = envelope.wrap(
                         true,
                         json!([kind.choice(None, Some(finish.reason.as_str()), true)]),
                     );
-                    let mut last = last;
                     last["timings"] = timings(&finish);
-                    if !send(&last).await {
+                    if !send(last.to_string()).await {
                         return;
                     }
                     if include_usage {
                         let mut usage_chunk = envelope.wrap(true, json!([]));
                         usage_chunk["usage"] = usage(&finish);
-                        if !send(&usage_chunk).await {
+                        if !send(usage_chunk.to_string()).await {
                             return;
                         }
                     }
-                    break;
+                    break None;
                 }
-                Some(Event::Failed(message)) => {
-                    let error = ApiError::internal(message);
-                    let _ = chunks
-                        .send(Bytes::from(format!("data: {}\n\n", error.to_json())))
-                        .await;
-                    break;
-                }
-                None => {
-                    let error = ApiError::internal("the engine stopped");
-                    let _ = chunks
-                        .send(Bytes::from(format!("data: {}\n\n", error.to_json())))
-                        .await;
-                    break;
-                }
+                Some(Event::Failed(message)) => break Some(message),
+                None => break Some("the engine stopped".to_owned()),
             }
+        };
+        if let Some(message) = failure
+            && !send(ApiError::internal(message).to_json()).await
+        {
+            return;
         }
-        let _ = chunks.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        send("[DONE]".to_owned()).await;
     });
     let mut response = Response::new(Either::Right(ChannelBody { chunks: body }));
     let headers = response.headers_mut();
@@ -456,7 +448,8 @@ fn timings(finish: &Finish) -> Value {
     })
 }
 
-fn unix_seconds() -> u64 {
+/// Seconds since the Unix epoch, as OpenAI's `created` fields count them.
+pub(crate) fn unix_seconds() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -188,9 +188,7 @@ impl Handle {
             context,
             max_tokens: self.state.config.max_tokens.min(context),
             props: engine.props,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            created: http::unix_seconds(),
         };
         self.state
             .ready
