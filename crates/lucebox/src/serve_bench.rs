@@ -302,11 +302,10 @@ impl Client {
                     pieces += 1;
                     first_token.get_or_insert_with(|| sent.elapsed());
                 }
-                // Servers report the count in `usage` (OpenAI) or `timings` (llama.cpp).
+                // `stream_options.include_usage` asks for the count (lucebox, llama.cpp and vLLM
+                // honour it); a server that ignores it is counted by its text chunks.
                 if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
                     tokens = Some(n);
-                } else if let Some(n) = chunk["timings"]["predicted_n"].as_u64() {
-                    tokens.get_or_insert(n + 1);
                 }
             }
         }
