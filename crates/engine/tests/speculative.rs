@@ -11,7 +11,7 @@ use lucebox_backend::CpuBackend;
 use lucebox_engine::speculative::{
     DraftPolicy, Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator,
 };
-use lucebox_engine::{Sampler, SamplingParams, Session, SessionConfig};
+use lucebox_engine::{Generator, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_gguf::{GgufFile, GgufWriter, Value};
 use lucebox_model::Model;
 use lucebox_tokenizer::Tokenizer;
@@ -62,28 +62,33 @@ fn config() -> SessionConfig {
     }
 }
 
+/// Up to `n` tokens of `prompt` from `generator`, and speculation's statistics if it speculated.
+fn generate(
+    generator: &mut dyn Generator,
+    prompt: &[u32],
+    params: &SamplingParams,
+    n: usize,
+) -> (Vec<u32>, Option<SpecStats>) {
+    let mut sampler = Sampler::new(params.clone());
+    let mut out = Vec::new();
+    let (_, stats) = generator
+        .generate(prompt, &mut sampler, n, &|_| false, &mut |t| {
+            out.push(t);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    (out, stats)
+}
+
+/// The reference: the target alone, from an empty cache.
 fn plain(
     session: &mut Session<CpuBackend>,
     prompt: &[u32],
     params: &SamplingParams,
     n: usize,
 ) -> Vec<u32> {
-    let mut sampler = Sampler::new(params.clone());
-    let mut out = Vec::new();
     session.reset();
-    session
-        .generate(
-            prompt,
-            &mut sampler,
-            n,
-            |_| false,
-            |t| {
-                out.push(t);
-                ControlFlow::Continue(())
-            },
-        )
-        .unwrap();
-    out
+    generate(session, prompt, params, n).0
 }
 
 fn speculative(
@@ -92,21 +97,8 @@ fn speculative(
     params: &SamplingParams,
     n: usize,
 ) -> (Vec<u32>, SpecStats) {
-    let mut sampler = Sampler::new(params.clone());
-    let mut out = Vec::new();
-    let (_, stats) = speculator
-        .generate(
-            prompt,
-            &mut sampler,
-            n,
-            |_| false,
-            |t| {
-                out.push(t);
-                ControlFlow::Continue(())
-            },
-        )
-        .unwrap();
-    (out, stats)
+    let (out, stats) = generate(speculator, prompt, params, n);
+    (out, stats.expect("a speculator reports its statistics"))
 }
 
 fn model_drafter(model: &Arc<Model<CpuBackend>>) -> Box<dyn Drafter + Send> {
