@@ -455,7 +455,7 @@ pub(crate) fn unix_seconds() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<ResponseBody> {
+fn json_response(status: StatusCode, body: &Value) -> Response<ResponseBody> {
     let mut response = Response::new(Either::Left(Full::new(Bytes::from(body.to_string()))));
     *response.status_mut() = status;
     response
