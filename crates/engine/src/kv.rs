@@ -1,18 +1,74 @@
-/// The free list of a KV pool: which of its fixed-size blocks are in use.
+//! KV block bookkeeping: which blocks of a pool each sequence holds, and which full blocks are
+//! kept as a prefix cache for later sequences.
+//!
+//! The prefix cache shares only *full* blocks whose positions are final, so a shared block is
+//! never written again and no copy-on-write is needed: a sequence that diverges from a cached
+//! prefix writes its first differing position into a block of its own. (vLLM's V1 block
+//! manager makes the same choice.) A cached block is found by its exact content and its
+//! parent's identity, never by a hash alone, so two prefixes can never be confused.
+
+use std::collections::{BTreeMap, HashMap};
+
+/// The identity of a full block's content: the block before it (id and the generation of
+/// that id, which changes whenever the block is reused) and its own tokens. Equal keys mean
+/// equal token prefixes, hence equal KV.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct BlockKey {
+    parent: Option<(u32, u64)>,
+    tokens: Box<[u32]>,
+}
+
+/// Full blocks kept after their sequences ended, found by content.
+#[derive(Debug, Default)]
+struct PrefixCache {
+    index: HashMap<BlockKey, u32>,
+    /// The key each block is registered under, if any.
+    keys: Vec<Option<BlockKey>>,
+    /// Bumped when a block is evicted, so keys naming it as a parent stop matching.
+    generation: Vec<u64>,
+    /// Registered blocks no sequence holds, by when they were last released: the eviction
+    /// order.
+    idle: BTreeMap<u64, u32>,
+    idle_since: Vec<u64>,
+    clock: u64,
+}
+
+/// A pool of fixed-size KV blocks: which are free, how many sequences hold each, and
+/// (optionally) a prefix cache of full blocks.
 #[derive(Debug)]
 pub struct BlockPool {
+    /// Blocks holding nothing worth keeping.
     free: Vec<u32>,
+    /// Sequences holding each block.
+    holders: Vec<u32>,
     blocks: usize,
     block_tokens: usize,
+    cache: Option<PrefixCache>,
 }
 
 impl BlockPool {
-    /// A pool of `blocks` blocks of `block_tokens` positions, all free.
+    /// A pool of `blocks` blocks of `block_tokens` positions, all free, without a prefix cache.
     pub fn new(blocks: usize, block_tokens: usize) -> Self {
         Self {
             free: (0..blocks as u32).rev().collect(),
+            holders: vec![0; blocks],
             blocks,
             block_tokens,
+            cache: None,
+        }
+    }
+
+    /// A pool that keeps full blocks for reuse by later sequences with the same prefix, and
+    /// evicts them least recently used first when it runs out of free blocks.
+    pub fn with_prefix_cache(blocks: usize, block_tokens: usize) -> Self {
+        Self {
+            cache: Some(PrefixCache {
+                keys: vec![None; blocks],
+                generation: vec![0; blocks],
+                idle_since: vec![0; blocks],
+                ..PrefixCache::default()
+            }),
+            ..Self::new(blocks, block_tokens)
         }
     }
 
@@ -26,9 +82,65 @@ impl BlockPool {
         self.blocks
     }
 
-    /// Blocks not held by any sequence.
+    /// Blocks no sequence holds: free ones and cached ones that may be evicted.
     pub fn free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.cache.as_ref().map_or(0, |c| c.idle.len())
+    }
+
+    /// Takes a block: a free one, else the least recently used cached one.
+    fn allocate(&mut self) -> Option<u32> {
+        let block = match self.free.pop() {
+            Some(block) => block,
+            None => {
+                let cache = self.cache.as_mut()?;
+                let (_, block) = cache.idle.pop_first()?;
+                let key = cache.keys[block as usize]
+                    .take()
+                    .expect("idle blocks are cached");
+                cache.index.remove(&key);
+                cache.generation[block as usize] += 1;
+                block
+            }
+        };
+        self.holders[block as usize] = 1;
+        Some(block)
+    }
+
+    /// Drops one holder of `block`; a block nobody holds becomes free, or idle in the cache.
+    fn release(&mut self, block: u32) {
+        let holders = &mut self.holders[block as usize];
+        *holders -= 1;
+        if *holders > 0 {
+            return;
+        }
+        match &mut self.cache {
+            Some(cache) if cache.keys[block as usize].is_some() => {
+                cache.clock += 1;
+                cache.idle.insert(cache.clock, block);
+                cache.idle_since[block as usize] = cache.clock;
+            }
+            _ => self.free.push(block),
+        }
+    }
+
+    /// Adds a holder to a cached block, taking it out of the eviction order if idle.
+    fn hold(&mut self, block: u32) {
+        let holders = &mut self.holders[block as usize];
+        if *holders == 0
+            && let Some(cache) = &mut self.cache
+        {
+            cache.idle.remove(&cache.idle_since[block as usize]);
+        }
+        *holders += 1;
+    }
+
+    /// The key of the block after `parent` holding `tokens`.
+    fn key(&self, parent: Option<u32>, tokens: &[u32]) -> Option<BlockKey> {
+        let cache = self.cache.as_ref()?;
+        Some(BlockKey {
+            parent: parent.map(|p| (p, cache.generation[p as usize])),
+            tokens: tokens.into(),
+        })
     }
 }
 
@@ -37,6 +149,8 @@ impl BlockPool {
 pub struct SequenceBlocks {
     table: Vec<u32>,
     len: usize,
+    /// Leading blocks that are full, final and known to the prefix cache.
+    cached: usize,
 }
 
 impl SequenceBlocks {
@@ -65,11 +179,13 @@ impl SequenceBlocks {
     pub fn reserve(&mut self, pool: &mut BlockPool, extra: usize) -> bool {
         let needed = (self.len + extra).div_ceil(pool.block_tokens);
         let missing = needed.saturating_sub(self.table.len());
-        if missing > pool.free.len() {
+        if missing > pool.free_blocks() {
             return false;
         }
-        let at = pool.free.len() - missing;
-        self.table.extend(pool.free.drain(at..).rev());
+        for _ in 0..missing {
+            let block = pool.allocate().expect("counted as free");
+            self.table.push(block);
+        }
         true
     }
 
@@ -83,16 +199,84 @@ impl SequenceBlocks {
     }
 
     /// Forgets every position from `len` on and returns blocks no longer needed to the pool.
-    /// Rejected speculative tokens are dropped this way, without touching the device.
+    /// Rejected speculative tokens are dropped this way, without touching the device. Blocks
+    /// registered with the prefix cache hold final positions and must be kept whole.
     pub fn truncate(&mut self, pool: &mut BlockPool, len: usize) {
         self.len = self.len.min(len);
         let keep = self.len.div_ceil(pool.block_tokens);
-        pool.free.extend(self.table.drain(keep..).rev());
+        assert!(
+            len == 0 || self.cached * pool.block_tokens <= self.len,
+            "truncating into a block of the prefix cache"
+        );
+        self.cached = self.cached.min(keep);
+        for block in self.table.drain(keep..).rev() {
+            pool.release(block);
+        }
     }
 
-    /// Returns every block to the pool.
+    /// Returns every block to the pool (cached ones stay findable until evicted).
     pub fn release(&mut self, pool: &mut BlockPool) {
         self.truncate(pool, 0);
+    }
+
+    /// Starts an empty sequence that will hold `tokens` with the longest cached prefix of
+    /// them, in whole blocks, and returns how many positions that prefix fills. The last token
+    /// is never taken from the cache: it must be fed for its logits.
+    pub fn share_cached_prefix(&mut self, pool: &mut BlockPool, tokens: &[u32]) -> usize {
+        assert!(self.table.is_empty(), "sharing into a non-empty sequence");
+        if pool.cache.is_none() {
+            return 0;
+        }
+        let mut parent = None;
+        for block_tokens in tokens[..tokens.len().saturating_sub(1)].chunks_exact(pool.block_tokens)
+        {
+            let key = pool
+                .key(parent, block_tokens)
+                .expect("the pool has a cache");
+            let cache = pool.cache.as_ref().expect("the pool has a cache");
+            let Some(&block) = cache.index.get(&key) else {
+                break;
+            };
+            pool.hold(block);
+            self.table.push(block);
+            parent = Some(block);
+        }
+        self.cached = self.table.len();
+        self.len = self.cached * pool.block_tokens;
+        self.len
+    }
+
+    /// Registers with the prefix cache every full block of the first `final_len` positions
+    /// (whose tokens are `tokens`) not registered yet. Those positions must never be
+    /// truncated while the sequence holds them. A block whose content another block already
+    /// caches is swapped for that one, its own returned to the pool: equal prefixes have
+    /// bitwise equal KV, the kernels being deterministic.
+    pub fn cache_full_blocks(&mut self, pool: &mut BlockPool, tokens: &[u32], final_len: usize) {
+        if pool.cache.is_none() {
+            return;
+        }
+        let bt = pool.block_tokens;
+        let full = final_len.min(self.len) / bt;
+        while self.cached < full {
+            let i = self.cached;
+            let parent = i.checked_sub(1).map(|p| self.table[p]);
+            let key = pool
+                .key(parent, &tokens[i * bt..(i + 1) * bt])
+                .expect("the pool has a cache");
+            let cache = pool.cache.as_mut().expect("the pool has a cache");
+            match cache.index.get(&key) {
+                Some(&cached) => {
+                    let own = std::mem::replace(&mut self.table[i], cached);
+                    pool.hold(cached);
+                    pool.release(own);
+                }
+                None => {
+                    cache.index.insert(key.clone(), self.table[i]);
+                    cache.keys[self.table[i] as usize] = Some(key);
+                }
+            }
+            self.cached += 1;
+        }
     }
 }
 
@@ -119,5 +303,106 @@ mod tests {
         let mut seen: Vec<u32> = pool.free.clone();
         seen.sort_unstable();
         assert_eq!(seen, [0, 1, 2, 3], "every block returned exactly once");
+    }
+
+    /// Fills a sequence with `tokens` as the engine would, registering its full blocks.
+    fn fill(pool: &mut BlockPool, tokens: &[u32]) -> SequenceBlocks {
+        let mut seq = SequenceBlocks::new();
+        let shared = seq.share_cached_prefix(pool, tokens);
+        assert!(seq.reserve(pool, tokens.len() - shared));
+        seq.advance(pool, tokens.len() - shared);
+        seq.cache_full_blocks(pool, tokens, tokens.len());
+        seq
+    }
+
+    #[test]
+    fn a_cached_prefix_is_shared_by_whole_blocks_and_never_its_last_token() {
+        let mut pool = BlockPool::with_prefix_cache(8, 4);
+        let prompt: Vec<u32> = (0..10).collect();
+        let mut a = fill(&mut pool, &prompt);
+        assert_eq!(a.table().len(), 3);
+
+        // The same prompt shares the 2 full blocks, while `a` still holds them.
+        let mut b = SequenceBlocks::new();
+        assert_eq!(b.share_cached_prefix(&mut pool, &prompt), 8);
+        assert_eq!(b.table(), &a.table()[..2]);
+
+        // Exactly 8 tokens: the second block holds the last token, which must be fed.
+        let mut c = SequenceBlocks::new();
+        assert_eq!(c.share_cached_prefix(&mut pool, &prompt[..8]), 4);
+
+        // A prompt differing in its first block shares nothing, even with the same later
+        // blocks: the key names the parent.
+        let mut other = prompt.clone();
+        other[0] = 99;
+        let mut d = SequenceBlocks::new();
+        assert_eq!(d.share_cached_prefix(&mut pool, &other), 0);
+
+        for seq in [&mut a, &mut b, &mut c, &mut d] {
+            seq.release(&mut pool);
+        }
+        assert_eq!(pool.free_blocks(), 8, "cached blocks count as free");
+    }
+
+    #[test]
+    fn cached_blocks_outlive_their_sequence_until_evicted_least_recently_used_first() {
+        let mut pool = BlockPool::with_prefix_cache(4, 2);
+        let old: Vec<u32> = vec![1, 2, 3, 4, 5];
+        let new: Vec<u32> = vec![7, 8, 9, 10, 11];
+        let mut a = fill(&mut pool, &old);
+        a.release(&mut pool);
+        let mut b = fill(&mut pool, &new);
+        b.release(&mut pool);
+        // 4 blocks, 2 full blocks cached per prompt: the newer prompt's are found.
+        let mut probe = SequenceBlocks::new();
+        assert_eq!(probe.share_cached_prefix(&mut pool, &new), 4);
+        // A sequence needing every other block evicts the older prompt's blocks.
+        let mut big = SequenceBlocks::new();
+        assert!(big.reserve(&mut pool, 4));
+        assert!(!big.reserve(&mut pool, 5), "the shared blocks are held");
+        big.release(&mut pool);
+        let mut again = SequenceBlocks::new();
+        assert_eq!(again.share_cached_prefix(&mut pool, &old), 0, "evicted");
+        again.release(&mut pool);
+        probe.release(&mut pool);
+        assert_eq!(pool.free_blocks(), 4);
+    }
+
+    #[test]
+    fn eviction_goes_tail_first_and_an_evicted_parent_hides_its_children() {
+        let mut pool = BlockPool::with_prefix_cache(3, 2);
+        let prompt = [1, 2, 3, 4, 5];
+        let mut a = fill(&mut pool, &prompt);
+        let (parent, child) = (a.table()[0], a.table()[1]);
+        a.release(&mut pool);
+        // The partial third block is plainly free; then the child is evicted before its parent.
+        let mut b = SequenceBlocks::new();
+        assert!(b.reserve(&mut pool, 4));
+        assert!(b.table().contains(&child) && !b.table().contains(&parent));
+        assert!(b.reserve(&mut pool, 6));
+        b.release(&mut pool);
+        let mut c = SequenceBlocks::new();
+        assert_eq!(c.share_cached_prefix(&mut pool, &prompt), 0);
+    }
+
+    #[test]
+    fn a_block_whose_content_is_cached_already_is_swapped_for_the_cached_one() {
+        let mut pool = BlockPool::with_prefix_cache(8, 2);
+        let prompt = [1, 2, 3];
+        // Two sequences fill the same content side by side before either registers it.
+        let mut a = SequenceBlocks::new();
+        let mut b = SequenceBlocks::new();
+        for seq in [&mut a, &mut b] {
+            assert!(seq.reserve(&mut pool, 3));
+            seq.advance(&pool, 3);
+        }
+        assert_eq!(pool.free_blocks(), 4);
+        a.cache_full_blocks(&mut pool, &prompt, 3);
+        b.cache_full_blocks(&mut pool, &prompt, 3);
+        assert_eq!(b.table()[0], a.table()[0]);
+        assert_eq!(pool.free_blocks(), 5, "b's duplicate went back to the pool");
+        a.release(&mut pool);
+        b.release(&mut pool);
+        assert_eq!(pool.free_blocks(), 8);
     }
 }

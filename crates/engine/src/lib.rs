@@ -1,11 +1,14 @@
 //! The engine: everything between a model and a request that is not a kernel.
 //!
-//! [`BlockPool`] and [`SequenceBlocks`] manage the fixed-size blocks of a paged KV cache;
+//! [`BlockPool`] and [`SequenceBlocks`] manage the fixed-size blocks of a paged KV cache and
+//! its prefix cache;
 //! [`Sampler`] turns logits into tokens (greedy, temperature, top-k, top-p, min-p, penalties)
 //! reproducibly from a seed; [`Session`] runs one sequence on one model: chunked prefill, then
 //! decoding, without allocating in the loop; [`speculative`] runs a session with a drafter
 //! and produces exactly what the session alone would, faster. [`Generator`] puts the two behind
-//! one interface for callers that choose at run time.
+//! one interface for callers that choose at run time. [`Batcher`] runs many sequences at once
+//! (continuous batching over a shared, prefix-cached block pool), as a server does; each gets
+//! exactly the output it would get alone.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -25,6 +28,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod batcher;
 mod error;
 mod generator;
 mod kv;
@@ -33,6 +37,7 @@ mod sampling;
 mod session;
 pub mod speculative;
 
+pub use batcher::{BatchConfig, BatchEngine, Batcher, Event, Load, SequenceId};
 pub use error::Error;
 pub use generator::Generator;
 pub use kv::{BlockPool, SequenceBlocks};

@@ -3,7 +3,13 @@
 
 mod common;
 
-use lucebox_engine::{Rng, Session, SessionConfig};
+use std::ops::ControlFlow;
+
+use lucebox_engine::speculative::{DraftPolicy, NgramDrafter};
+use lucebox_engine::{
+    BatchConfig, BatchEngine, Batcher, Event, GenerationStats, Rng, Sampler, SamplingParams,
+    SequenceId, Session, SessionConfig, StopReason,
+};
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
@@ -81,4 +87,250 @@ fn decoding_one_token_at_a_time_equals_one_prefill() {
         row[..] == prefill[(tokens.len() - 1) * vocab..],
         "chunked prefill differs"
     );
+}
+
+/// What each sequence generates alone, on a fresh session: the reference for the batcher.
+fn alone(
+    model: &std::sync::Arc<lucebox_model::Model<lucebox_backend::CpuBackend>>,
+    prompt: &[u32],
+    params: &SamplingParams,
+    max_tokens: usize,
+) -> Vec<u32> {
+    let mut session = Session::new(model.clone(), SessionConfig::default()).unwrap();
+    let mut out = Vec::new();
+    session
+        .generate(
+            prompt,
+            &mut Sampler::new(params.clone()),
+            max_tokens,
+            |_| false,
+            |t| {
+                out.push(t);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+    out
+}
+
+/// Runs every request through `batcher`, adding request `i` before step `arrivals[i]`, and
+/// returns each one's tokens and statistics.
+fn run_batched(
+    batcher: &mut dyn BatchEngine,
+    requests: &[(Vec<u32>, SamplingParams, usize)],
+    arrivals: &[usize],
+) -> Vec<(Vec<u32>, Option<GenerationStats>)> {
+    let mut ids = Vec::new();
+    let mut out: Vec<(Vec<u32>, Option<GenerationStats>)> =
+        vec![(Vec::new(), None); requests.len()];
+    let mut events = Vec::new();
+    let mut step = 0;
+    while out.iter().any(|(_, done)| done.is_none()) {
+        for (i, (prompt, params, max)) in requests.iter().enumerate() {
+            if arrivals[i] == step {
+                let id = batcher
+                    .add(prompt.clone(), Sampler::new(params.clone()), *max)
+                    .unwrap();
+                ids.push((id, i));
+            }
+        }
+        events.clear();
+        batcher.step(&mut events).unwrap();
+        for event in &events {
+            let (Event::Token { id, .. } | Event::Finished { id, .. }) = event;
+            let index = ids.iter().find(|(known, _)| known == id).unwrap().1;
+            match event {
+                Event::Token { token, .. } => out[index].0.push(*token),
+                Event::Finished { stats, .. } => out[index].1 = Some(*stats),
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "the batcher makes no progress");
+    }
+    out
+}
+
+fn batcher(
+    model: &std::sync::Arc<lucebox_model::Model<lucebox_backend::CpuBackend>>,
+    kv_blocks: usize,
+    max_sequences: usize,
+    step_tokens: usize,
+) -> Batcher<lucebox_backend::CpuBackend> {
+    Batcher::new(
+        model.clone(),
+        BatchConfig {
+            context: 512,
+            kv_blocks,
+            block_tokens: 16,
+            max_sequences,
+            step_tokens,
+        },
+        Box::new(|_| false),
+        None,
+    )
+    .unwrap()
+}
+
+/// Mixed prompts: some share a 40-token prefix (the prefix cache's case), one is long enough
+/// to be prefilled in several chunks, sampled and greedy alike.
+fn mixed_requests(vocab: usize) -> Vec<(Vec<u32>, SamplingParams, usize)> {
+    let mut rng = Rng::seeded(21);
+    let shared = random_tokens(&mut rng, 40, vocab);
+    let sampled = |seed| SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let mut requests = Vec::new();
+    for (i, len) in [3usize, 70, 9, 130, 1, 45].into_iter().enumerate() {
+        let mut prompt = if i % 2 == 0 {
+            shared.clone()
+        } else {
+            Vec::new()
+        };
+        prompt.extend(random_tokens(&mut rng, len, vocab));
+        let params = if i % 3 == 1 {
+            sampled(i as u64)
+        } else {
+            SamplingParams::default()
+        };
+        requests.push((prompt, params, 12 + 5 * i));
+    }
+    requests
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn batched_sequences_generate_exactly_what_each_generates_alone() {
+    let (_, model) = common::load(MODEL);
+    let requests = mixed_requests(model.config().vocab);
+    let expected: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|(p, params, n)| alone(&model, p, params, *n))
+        .collect();
+    // Arrivals spread over the first steps, so sequences join a running batch; 48 tokens per
+    // step, so the long prompts are prefilled in chunks beside running decodes.
+    let mut batcher = batcher(&model, 64, 4, 48);
+    let out = run_batched(&mut batcher, &requests, &[0, 0, 1, 3, 3, 7]);
+    for (i, ((tokens, stats), expected)) in out.iter().zip(&expected).enumerate() {
+        assert_eq!(tokens, expected, "request {i}");
+        let stats = stats.unwrap();
+        assert_eq!(stats.generated_tokens, requests[i].2);
+        assert_eq!(stats.stop, StopReason::MaxTokens);
+    }
+    // The later requests with the shared prefix found its 2 full blocks in the cache.
+    let reused: Vec<usize> = out.iter().map(|(_, s)| s.unwrap().reused_tokens).collect();
+    assert_eq!(reused[0], 0);
+    assert_eq!((reused[2], reused[4]), (32, 32), "{reused:?}");
+    let load = batcher.load();
+    assert_eq!((load.running, load.waiting, load.kv_blocks_used), (0, 0, 0));
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn a_full_pool_preempts_and_recomputes_without_changing_any_output() {
+    let (_, model) = common::load(MODEL);
+    let requests = mixed_requests(model.config().vocab);
+    let expected: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|(p, params, n)| alone(&model, p, params, *n))
+        .collect();
+    // 11 blocks of 16: the longest request alone needs 10, so running several at once must
+    // preempt.
+    let mut batcher = batcher(&model, 11, 6, 256);
+    let out = run_batched(&mut batcher, &requests, &[0; 6]);
+    for (i, ((tokens, _), expected)) in out.iter().zip(&expected).enumerate() {
+        assert_eq!(tokens, expected, "request {i}");
+    }
+    assert!(batcher.load().preemptions > 0, "the pool never ran out");
+    assert_eq!(batcher.load().kv_blocks_used, 0);
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn a_cancelled_sequence_frees_its_blocks_and_the_others_go_on() {
+    let (_, model) = common::load(MODEL);
+    let requests = mixed_requests(model.config().vocab);
+    let mut batcher = batcher(&model, 64, 4, 512);
+    let ids: Vec<SequenceId> = requests
+        .iter()
+        .take(3)
+        .map(|(p, params, n)| {
+            batcher
+                .add(p.clone(), Sampler::new(params.clone()), *n)
+                .unwrap()
+        })
+        .collect();
+    let mut events = Vec::new();
+    batcher.step(&mut events).unwrap();
+    let used = batcher.load().kv_blocks_used;
+    assert!(batcher.cancel(ids[1]));
+    assert!(!batcher.cancel(ids[1]), "already gone");
+    assert!(batcher.load().kv_blocks_used < used);
+    let mut tokens = vec![Vec::new(); 3];
+    while batcher.load().running > 0 {
+        events.clear();
+        batcher.step(&mut events).unwrap();
+        for event in &events {
+            if let Event::Token { id, token } = event {
+                assert_ne!(*id, ids[1], "a cancelled sequence produced a token");
+                tokens[ids.iter().position(|i| i == id).unwrap()].push(*token);
+            }
+        }
+    }
+    let first = alone(&model, &requests[0].0, &requests[0].1, requests[0].2);
+    assert_eq!(
+        tokens[0][..],
+        first[1..],
+        "the first token came with the first step"
+    );
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn a_lone_sequence_speculates_and_its_output_does_not_change() {
+    let (_, model) = common::load(MODEL);
+    let vocab = model.config().vocab;
+    let mut rng = Rng::seeded(5);
+    let phrase = random_tokens(&mut rng, 12, vocab);
+    // A prompt that repeats itself, so that n-gram lookup finds drafts.
+    let prompt: Vec<u32> = phrase
+        .iter()
+        .chain(&phrase)
+        .chain(&phrase[..6])
+        .copied()
+        .collect();
+    let params = SamplingParams::default();
+    let expected = alone(&model, &prompt, &params, 40);
+    let mut batcher = Batcher::new(
+        model.clone(),
+        BatchConfig {
+            context: 512,
+            kv_blocks: 64,
+            block_tokens: 16,
+            max_sequences: 4,
+            step_tokens: 64,
+        },
+        Box::new(|_| false),
+        Some((Box::new(NgramDrafter::default()), DraftPolicy::Fixed(4))),
+    )
+    .unwrap();
+    let mut events = Vec::new();
+    batcher.add(prompt, Sampler::new(params), 40).unwrap();
+    let mut tokens = Vec::new();
+    let mut spec = None;
+    while spec.is_none() {
+        events.clear();
+        batcher.step(&mut events).unwrap();
+        for event in events.drain(..) {
+            match event {
+                Event::Token { token, .. } => tokens.push(token),
+                Event::Finished { spec: s, .. } => spec = s,
+            }
+        }
+    }
+    assert_eq!(tokens, expected);
+    let spec = spec.unwrap();
+    assert!(spec.drafted_tokens() > 0, "nothing was drafted: {spec:?}");
 }

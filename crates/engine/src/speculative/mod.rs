@@ -59,7 +59,7 @@ pub enum DraftPolicy {
 }
 
 impl DraftPolicy {
-    fn longest(self) -> usize {
+    pub(crate) fn longest(self) -> usize {
         match self {
             DraftPolicy::Fixed(k) | DraftPolicy::Adaptive(k) => k,
         }
@@ -184,19 +184,7 @@ impl<B: Backend> Speculator<B> {
             // Nothing is drafted beyond what may still be generated or fit in the context.
             let k = wanted.min(out.remaining() - 1).min(room - 1);
             let round = self.round(pending, k, sampler)?;
-            spec.record_round(round.drafted, round.accepted);
-            spec.draft_time += round.draft_time;
-            spec.verify_time += round.verify_time;
-            if round.drafted == 0 && k > 0 {
-                control.observe_empty_draft(round.verify_time);
-            } else {
-                control.observe(
-                    round.drafted,
-                    round.accepted,
-                    round.draft_time,
-                    round.verify_time,
-                );
-            }
+            round.record(k, &mut spec, &mut control);
             let accepted = self.draft.tokens()[..round.accepted].iter().copied();
             if !accepted.chain([round.next]).all(|token| out.push(token)) {
                 return Ok((out.finish(), spec));
@@ -227,26 +215,66 @@ impl<B: Backend> Speculator<B> {
         self.verify.extend_from_slice(self.draft.tokens());
         let base = self.target.tokens().len();
         self.target.feed_scored(&self.verify)?;
-        let (accepted, next) = if sampler.params().is_plain_greedy() {
-            let picks = self.target.argmax_rows()?;
-            let accepted = self
-                .draft
+        let scores = if sampler.params().is_plain_greedy() {
+            Scores::Picks(self.target.argmax_rows()?)
+        } else {
+            let (logits, tokens) = self.target.read_logits()?;
+            Scores::Rows { logits, tokens }
+        };
+        let (accepted, next) = accept(&self.draft, scores, sampler, &mut self.dense);
+        self.target.truncate(base + 1 + accepted);
+        Ok(Round {
+            drafted,
+            accepted,
+            next,
+            draft_time,
+            verify_time: verify_started.elapsed(),
+        })
+    }
+}
+
+/// The target's verdicts on a draft: the logits rows of the verify pass (the pending token's,
+/// then one per drafted token).
+pub(crate) enum Scores<'a> {
+    /// The most likely token of each row; enough for plain greedy sampling.
+    Picks(&'a [u32]),
+    /// The rows, vocabulary-sized, and the sequence through the last drafted token (the
+    /// history penalties look at).
+    Rows {
+        logits: &'a mut [f32],
+        tokens: &'a [u32],
+    },
+}
+
+/// Decides how many of `draft`'s tokens the target accepts and which token follows them (a
+/// replacement for the first rejected one, or a bonus token after all of them): token for
+/// token the target's own choice when greedy, its own distribution when sampled.
+pub(crate) fn accept(
+    draft: &Draft,
+    scores: Scores<'_>,
+    sampler: &mut Sampler,
+    dense: &mut [f32],
+) -> (usize, u32) {
+    match scores {
+        Scores::Picks(picks) => {
+            let accepted = draft
                 .tokens()
                 .iter()
                 .zip(picks)
                 .take_while(|(d, p)| d == p)
                 .count();
             (accepted, picks[accepted])
-        } else {
-            let vocab = self.target.model().config().vocab;
-            let (rows, tokens) = self.target.read_logits()?;
-            let mut rows = rows.chunks_exact_mut(vocab);
+        }
+        Scores::Rows { logits, tokens } => {
+            let drafted = draft.len();
+            let base = tokens.len() - 1 - drafted;
+            let mut rows = logits.chunks_exact_mut(dense.len());
             let mut accepted = 0;
             let mut replacement = None;
             for (i, row) in rows.by_ref().take(drafted).enumerate() {
                 let history = &tokens[..base + 1 + i];
-                let (token, from) = (self.draft.tokens()[i], self.draft.distribution(i));
-                replacement = sampler.verify_draft(row, history, token, from, &mut self.dense);
+                let (token, from) = (draft.tokens()[i], draft.distribution(i));
+                replacement = sampler.verify_draft(row, history, token, from, dense);
                 if replacement.is_some() {
                     break;
                 }
@@ -261,24 +289,35 @@ impl<B: Backend> Speculator<B> {
                 }
             };
             (accepted, next)
-        };
-        self.target.truncate(base + 1 + accepted);
-        Ok(Round {
-            drafted,
-            accepted,
-            next,
-            draft_time,
-            verify_time: verify_started.elapsed(),
-        })
+        }
     }
 }
 
 /// The outcome of one round.
-struct Round {
-    drafted: usize,
-    accepted: usize,
+pub(crate) struct Round {
+    pub drafted: usize,
+    pub accepted: usize,
     /// The token the target chose after the accepted ones: a replacement or the bonus.
-    next: u32,
-    draft_time: Duration,
-    verify_time: Duration,
+    pub next: u32,
+    pub draft_time: Duration,
+    pub verify_time: Duration,
+}
+
+impl Round {
+    /// Counts this round, which asked for `k` drafted tokens, in `spec` and `control`.
+    pub(crate) fn record(&self, k: usize, spec: &mut SpecStats, control: &mut DraftLength) {
+        spec.record_round(self.drafted, self.accepted);
+        spec.draft_time += self.draft_time;
+        spec.verify_time += self.verify_time;
+        if self.drafted == 0 && k > 0 {
+            control.observe_empty_draft(self.verify_time);
+        } else {
+            control.observe(
+                self.drafted,
+                self.accepted,
+                self.draft_time,
+                self.verify_time,
+            );
+        }
+    }
 }

@@ -1,0 +1,642 @@
+//! Continuous batching: many sequences on one model, advanced together one forward pass at a
+//! time.
+//!
+//! Each [`Batcher::step`] builds one ragged batch: a decode row for every running sequence
+//! that has its next token, then prefill chunks of the others under a per-step token budget
+//! (so a long prompt never stalls the decodes), then the first chunks of newly admitted
+//! sequences. Sequences join at any step and leave as soon as they finish or are cancelled.
+//!
+//! KV memory is one pool of blocks with a prefix cache: a new sequence starts from the longest
+//! cached run of full blocks of its prompt. When a step finds the pool full, the most recently
+//! admitted sequences are preempted: their blocks go back (their full blocks stay cached) and
+//! they wait at the head of the queue, to be fed again from their tokens so far. The kernels
+//! are batch-invariant and deterministic, so none of this changes a single logit: a sequence's
+//! output is the same alone, batched, preempted or served from the cache.
+//!
+//! With a drafter, a sequence speculates while it runs alone (the adaptive draft length
+//! decides how far); with company, a batched plain step already fills the machine.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
+use lucebox_model::{Model, Workspace};
+
+use crate::speculative::{
+    Draft, DraftInput, DraftLength, DraftPolicy, Drafter, MAX_DRAFT, Round, Scores, SpecStats,
+    accept,
+};
+use crate::{BlockPool, Error, GenerationStats, Sampler, SequenceBlocks, StopReason};
+
+/// The sizes of a [`Batcher`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// Positions one sequence may hold; capped at the model's trained context and the pool.
+    pub context: usize,
+    /// Blocks in the KV pool, shared by all sequences and the prefix cache.
+    pub kv_blocks: usize,
+    /// Positions per KV block.
+    pub block_tokens: usize,
+    /// Sequences that run at once; more wait.
+    pub max_sequences: usize,
+    /// Tokens one forward pass takes: decode rows first, prefill chunks in what is left.
+    pub step_tokens: usize,
+}
+
+impl BatchConfig {
+    /// Blocks of `block_tokens` positions that fit in `bytes` of KV cache for `model`.
+    pub fn kv_blocks_within<B: Backend>(
+        model: &Model<B>,
+        bytes: u64,
+        block_tokens: usize,
+    ) -> usize {
+        let one = model.kv_layout(1, block_tokens).bytes().max(1);
+        usize::try_from(bytes / one).unwrap_or(usize::MAX)
+    }
+}
+
+/// A sequence's handle, unique for the batcher's lifetime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SequenceId(u64);
+
+/// What a step produced, in order for each sequence: tokens, then `Finished` once.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A generated token (an end-of-generation token included).
+    Token {
+        /// Whose.
+        id: SequenceId,
+        /// The token.
+        token: u32,
+    },
+    /// The sequence is done and its blocks are back in the pool.
+    Finished {
+        /// Which.
+        id: SequenceId,
+        /// What its generation did.
+        stats: GenerationStats,
+        /// What speculation did for it, when the batcher has a drafter.
+        spec: Option<Box<SpecStats>>,
+    },
+}
+
+/// How loaded a batcher is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// Sequences added but not running: new, or preempted.
+    pub waiting: usize,
+    /// The most sequences that run at once.
+    pub max_sequences: usize,
+    /// KV blocks held by sequences.
+    pub kv_blocks_used: usize,
+    /// KV blocks in the pool.
+    pub kv_blocks: usize,
+    /// Preemptions since the start.
+    pub preemptions: u64,
+}
+
+/// Many sequences advanced a step at a time, as a server runs them. Implemented by
+/// [`Batcher`]; the trait lets the server's tests drive a scripted stand-in.
+pub trait BatchEngine: Send {
+    /// Queues a sequence that continues `prompt` for up to `max_tokens` tokens, chosen by
+    /// `sampler`.
+    fn add(
+        &mut self,
+        prompt: Vec<u32>,
+        sampler: Sampler,
+        max_tokens: usize,
+    ) -> Result<SequenceId, Error>;
+
+    /// Drops a sequence, running or waiting, and frees its blocks; `false` if it is unknown
+    /// (finished already).
+    fn cancel(&mut self, id: SequenceId) -> bool;
+
+    /// Runs one forward pass over the running batch (admitting waiting sequences first where
+    /// there is room) and appends what it produced to `events`. Does nothing when no sequence
+    /// is added.
+    fn step(&mut self, events: &mut Vec<Event>) -> Result<(), Error>;
+
+    /// How loaded the engine is.
+    fn load(&self) -> Load;
+
+    /// The most tokens one sequence, prompt and generation together, may hold.
+    fn context(&self) -> usize;
+}
+
+/// One sequence in the batcher.
+struct Sequence {
+    id: SequenceId,
+    /// The prompt and every generated token; the last one is fed at the next step.
+    tokens: Vec<u32>,
+    prompt_tokens: usize,
+    blocks: SequenceBlocks,
+    sampler: Sampler,
+    max_tokens: usize,
+    generated: usize,
+    /// Prompt tokens found in the prefix cache when first admitted.
+    reused: Option<usize>,
+    first_scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    spec: SpecStats,
+    draft_length: DraftLength,
+}
+
+impl Sequence {
+    /// Tokens not yet in the KV cache.
+    fn unfed(&self) -> usize {
+        self.tokens.len() - self.blocks.len()
+    }
+}
+
+/// What a step does for one running sequence.
+struct Planned {
+    /// Index into `running`.
+    index: usize,
+    /// The first position fed.
+    start: usize,
+    /// Tokens fed.
+    count: usize,
+    /// Whether the step ends with a logits row for a new token.
+    scored: bool,
+    /// For a speculating sequence: the draft length asked for and how long drafting took.
+    drafting: Option<(usize, std::time::Duration)>,
+}
+
+/// The drafter and its scratch.
+struct Speculation {
+    drafter: Box<dyn Drafter + Send>,
+    policy: DraftPolicy,
+    draft: Draft,
+    /// The sequence that drafted last: the drafter restarts when another one does.
+    last: Option<SequenceId>,
+    /// Vocabulary-sized zeros, scratch for rejection sampling.
+    dense: Vec<f32>,
+}
+
+/// Continuous batching on one model; see the [module](self) documentation.
+pub struct Batcher<B: Backend> {
+    model: Arc<Model<B>>,
+    config: BatchConfig,
+    layout: KvLayout,
+    kv: B::KvCache,
+    pool: BlockPool,
+    workspace: Workspace<B>,
+    batch: RaggedBatch,
+    /// The logits rows of the last forward pass, on the host once read.
+    logits: Vec<f32>,
+    picks: Vec<u32>,
+    running: Vec<Sequence>,
+    waiting: VecDeque<Sequence>,
+    plan: Vec<Planned>,
+    next_id: u64,
+    is_end: Box<dyn Fn(u32) -> bool + Send>,
+    speculation: Option<Speculation>,
+    preemptions: u64,
+}
+
+impl<B: Backend> std::fmt::Debug for Batcher<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("config", &self.config)
+            .field("load", &self.load())
+            .finish()
+    }
+}
+
+impl<B: Backend> Batcher<B> {
+    /// A batcher on `model`; `is_end` says which tokens end a generation, and `speculation`
+    /// is the drafter that lone sequences speculate with.
+    pub fn new(
+        model: Arc<Model<B>>,
+        config: BatchConfig,
+        is_end: Box<dyn Fn(u32) -> bool + Send>,
+        speculation: Option<(Box<dyn Drafter + Send>, DraftPolicy)>,
+    ) -> Result<Self, Error> {
+        let longest_draft = speculation.as_ref().map_or(0, |(_, p)| p.longest());
+        let invalid = |why: String| Err(Error::InvalidParameter { name: "batch", why });
+        if config.block_tokens == 0
+            || config.kv_blocks == 0
+            || config.context == 0
+            || config.max_sequences == 0
+        {
+            return invalid(format!("{config:?} has a zero size"));
+        }
+        if longest_draft > MAX_DRAFT {
+            return invalid(format!("draft length {longest_draft} is above {MAX_DRAFT}"));
+        }
+        if config.step_tokens < config.max_sequences.max(longest_draft + 1) {
+            return invalid(format!(
+                "{} step tokens cannot hold a decode row per sequence ({}) or a verify pass ({})",
+                config.step_tokens,
+                config.max_sequences,
+                longest_draft + 1
+            ));
+        }
+        let context = config
+            .context
+            .min(model.config().context_length)
+            .min(config.kv_blocks * config.block_tokens);
+        let config = BatchConfig { context, ..config };
+        let layout = model.kv_layout(config.kv_blocks, config.block_tokens);
+        let kv = model.backend().kv_cache(layout)?;
+        let logits_rows = config.max_sequences.max(longest_draft + 1);
+        let workspace = model.workspace(BatchCapacity {
+            tokens: config.step_tokens,
+            sequences: config.max_sequences,
+            blocks: config.max_sequences * context.div_ceil(config.block_tokens),
+            logits: logits_rows,
+        })?;
+        let vocab = model.config().vocab;
+        Ok(Self {
+            model,
+            config,
+            layout,
+            kv,
+            pool: BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
+            workspace,
+            batch: RaggedBatch::new(),
+            logits: vec![0.0; vocab * logits_rows],
+            picks: vec![0; logits_rows],
+            running: Vec::with_capacity(config.max_sequences),
+            waiting: VecDeque::new(),
+            plan: Vec::with_capacity(config.max_sequences),
+            next_id: 0,
+            is_end,
+            speculation: speculation.map(|(drafter, policy)| Speculation {
+                drafter,
+                policy,
+                draft: Draft::default(),
+                last: None,
+                dense: vec![0.0; vocab],
+            }),
+            preemptions: 0,
+        })
+    }
+
+    /// The effective configuration (context capped at the model's and the pool's).
+    pub fn config(&self) -> BatchConfig {
+        self.config
+    }
+
+    /// Makes room for `count` more positions of `running[index]`, preempting the most recently
+    /// admitted sequences while the pool is short; `false` when `running[index]` itself had to
+    /// go.
+    fn make_room(&mut self, index: usize, count: usize) -> bool {
+        loop {
+            if self.running[index].blocks.reserve(&mut self.pool, count) {
+                return true;
+            }
+            let victim = self.running.len() - 1;
+            let mut seq = self.running.remove(victim);
+            seq.blocks.release(&mut self.pool);
+            self.waiting.push_front(seq);
+            self.preemptions += 1;
+            if victim == index {
+                return false;
+            }
+        }
+    }
+
+    /// Plans this step's rows for the running sequences, drafting for a lone one; returns the
+    /// token budget left.
+    fn plan_running(&mut self) -> Result<usize, Error> {
+        let mut budget = self.config.step_tokens;
+        let alone = self.running.len() == 1 && self.waiting.is_empty();
+        let mut index = 0;
+        while index < self.running.len() {
+            let seq = &self.running[index];
+            let unfed = seq.unfed();
+            let decoding = unfed == 1;
+            let mut count = if decoding { 1 } else { unfed.min(budget) };
+            if count == 0 {
+                index += 1;
+                continue;
+            }
+            let mut drafting = None;
+            if decoding
+                && alone
+                && let Some(spec) = &mut self.speculation
+            {
+                let seq = &mut self.running[index];
+                let wanted = match spec.policy {
+                    DraftPolicy::Fixed(k) => k,
+                    DraftPolicy::Adaptive(_) => seq.draft_length.choose(),
+                };
+                let room = self.config.context - seq.blocks.len();
+                // Nothing is drafted beyond what may still be generated or fit in the context.
+                let k = wanted.min(seq.max_tokens - seq.generated - 1).min(room - 1);
+                let started = Instant::now();
+                spec.draft.clear();
+                if k > 0 {
+                    if spec.last != Some(seq.id) {
+                        spec.drafter.start(seq.sampler.params())?;
+                        spec.last = Some(seq.id);
+                    }
+                    spec.drafter
+                        .propose(&DraftInput::new(&seq.tokens), k, &mut spec.draft)?;
+                    spec.draft.truncate(k);
+                }
+                count += spec.draft.len();
+                drafting = Some((k, started.elapsed()));
+            }
+            if !self.make_room(index, count) {
+                continue;
+            }
+            let seq = &self.running[index];
+            let start = seq.blocks.len();
+            budget -= count.min(budget);
+            self.plan.push(Planned {
+                index,
+                start,
+                count,
+                scored: start + count >= seq.tokens.len(),
+                drafting,
+            });
+            index += 1;
+        }
+        Ok(budget)
+    }
+
+    /// Admits waiting sequences while there is room in the batch, the budget and the pool, and
+    /// plans their first chunks.
+    fn admit(&mut self, mut budget: usize) {
+        while self.running.len() < self.config.max_sequences && budget > 0 {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            let shared = seq.blocks.share_cached_prefix(&mut self.pool, &seq.tokens);
+            let needed =
+                seq.tokens.len().div_ceil(self.config.block_tokens) - seq.blocks.table().len();
+            if needed > self.pool.free_blocks() {
+                seq.blocks.release(&mut self.pool);
+                self.waiting.push_front(seq);
+                break;
+            }
+            if seq.reused.is_none() {
+                seq.reused = Some(shared);
+                seq.first_scheduled = Some(Instant::now());
+            }
+            let count = seq.unfed().min(budget);
+            let reserved = seq.blocks.reserve(&mut self.pool, count);
+            assert!(reserved, "checked against the free blocks");
+            budget -= count;
+            self.plan.push(Planned {
+                index: self.running.len(),
+                start: seq.blocks.len(),
+                count,
+                scored: count == seq.unfed(),
+                drafting: None,
+            });
+            self.running.push(seq);
+        }
+    }
+
+    /// Fills the batch from the plan and runs the forward pass.
+    fn forward(&mut self) -> Result<(), Error> {
+        self.batch.clear();
+        for p in &self.plan {
+            let seq = &self.running[p.index];
+            let s = self.batch.push_sequence(seq.blocks.table());
+            let draft = self
+                .speculation
+                .as_ref()
+                .map_or(&[][..], |s| s.draft.tokens());
+            for j in 0..p.count {
+                let (token, scored) = match p.drafting {
+                    // The pending token, then the draft: every row is scored.
+                    Some(_) if j > 0 => (draft[j - 1], true),
+                    Some(_) => (seq.tokens[p.start], true),
+                    None => (seq.tokens[p.start + j], p.scored && j + 1 == p.count),
+                };
+                self.batch
+                    .push_token(s, token, (p.start + j) as u32, scored);
+            }
+        }
+        self.model
+            .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+        for p in &self.plan {
+            self.running[p.index].blocks.advance(&self.pool, p.count);
+        }
+        // Rows are read the cheapest way each sequence allows: the device's argmax for plain
+        // greedy ones, the whole rows for the others.
+        let rows = self.workspace.logits_rows();
+        let scored = self.plan.iter().filter(|p| p.scored);
+        let (mut greedy, mut sampled) = (false, false);
+        for p in scored {
+            if self.running[p.index].sampler.params().is_plain_greedy() {
+                greedy = true;
+            } else {
+                sampled = true;
+            }
+        }
+        let backend = self.model.backend();
+        if greedy {
+            backend.argmax_rows(self.workspace.logits(), &mut self.picks[..rows])?;
+        }
+        if sampled {
+            let vocab = self.model.config().vocab;
+            backend.read_rows(
+                self.workspace.logits(),
+                rows,
+                &mut self.logits[..rows * vocab],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Chooses the scored sequences' tokens from the forward pass, emits them, and retires the
+    /// sequences that finished.
+    fn commit(&mut self, verify_started: Instant, events: &mut Vec<Event>) {
+        let vocab = self.model.config().vocab;
+        let mut row = 0;
+        let mut finished = Vec::new();
+        for p in &self.plan {
+            let seq = &mut self.running[p.index];
+            if p.scored {
+                let before = seq.tokens.len();
+                let greedy = seq.sampler.params().is_plain_greedy();
+                match (p.drafting, &mut self.speculation) {
+                    (Some((k, draft_time)), Some(spec)) => {
+                        let rows = p.count;
+                        let pending = p.start;
+                        seq.tokens.extend_from_slice(spec.draft.tokens());
+                        let scores = if greedy {
+                            Scores::Picks(&self.picks[row..row + rows])
+                        } else {
+                            Scores::Rows {
+                                logits: &mut self.logits[row * vocab..(row + rows) * vocab],
+                                tokens: &seq.tokens,
+                            }
+                        };
+                        let (accepted, next) =
+                            accept(&spec.draft, scores, &mut seq.sampler, &mut spec.dense);
+                        seq.tokens.truncate(pending + 1 + accepted);
+                        seq.blocks.truncate(&mut self.pool, pending + 1 + accepted);
+                        seq.tokens.push(next);
+                        let round = Round {
+                            drafted: spec.draft.len(),
+                            accepted,
+                            next,
+                            draft_time,
+                            verify_time: verify_started.elapsed(),
+                        };
+                        round.record(k, &mut seq.spec, &mut seq.draft_length);
+                        row += rows;
+                    }
+                    _ => {
+                        let token = if greedy {
+                            self.picks[row]
+                        } else {
+                            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+                            seq.sampler.sample(logits, &seq.tokens)
+                        };
+                        seq.tokens.push(token);
+                        row += 1;
+                    }
+                }
+                let now = Instant::now();
+                seq.first_token.get_or_insert(now);
+                let mut stop = None;
+                for &token in &seq.tokens[before..] {
+                    seq.generated += 1;
+                    events.push(Event::Token { id: seq.id, token });
+                    if (self.is_end)(token) {
+                        stop = Some(StopReason::EndOfGeneration);
+                        break;
+                    }
+                    if seq.generated == seq.max_tokens {
+                        stop = Some(StopReason::MaxTokens);
+                        break;
+                    }
+                }
+                if stop.is_none() && seq.blocks.len() + 1 > self.config.context {
+                    stop = Some(StopReason::ContextFull);
+                }
+                if let Some(stop) = stop {
+                    finished.push((p.index, stop));
+                }
+            }
+            seq.blocks
+                .cache_full_blocks(&mut self.pool, &seq.tokens, seq.blocks.len());
+        }
+        // The plan is in index order: the highest first, so the lower ones stay valid.
+        for (index, stop) in finished.into_iter().rev() {
+            let seq = self.running.remove(index);
+            events.push(self.retire(seq, stop));
+        }
+    }
+
+    /// Frees a finished sequence's blocks and reports it.
+    fn retire(&mut self, mut seq: Sequence, stop: StopReason) -> Event {
+        seq.blocks.release(&mut self.pool);
+        let now = Instant::now();
+        let first_token = seq.first_token.unwrap_or(now);
+        Event::Finished {
+            id: seq.id,
+            stats: GenerationStats {
+                prompt_tokens: seq.prompt_tokens,
+                reused_tokens: seq.reused.unwrap_or(0),
+                generated_tokens: seq.generated,
+                prefill: first_token - seq.first_scheduled.unwrap_or(first_token),
+                decode: now - first_token,
+                stop,
+            },
+            spec: self.speculation.as_ref().map(|_| Box::new(seq.spec)),
+        }
+    }
+}
+
+impl<B: Backend> BatchEngine for Batcher<B>
+where
+    Batcher<B>: Send,
+{
+    fn add(
+        &mut self,
+        prompt: Vec<u32>,
+        sampler: Sampler,
+        max_tokens: usize,
+    ) -> Result<SequenceId, Error> {
+        let invalid = |name, why: String| Err(Error::InvalidParameter { name, why });
+        if prompt.is_empty() {
+            return invalid("prompt", "is empty".into());
+        }
+        if max_tokens == 0 {
+            return invalid("max_tokens", "must be at least 1".into());
+        }
+        let vocab = self.model.config().vocab;
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return invalid(
+                "prompt",
+                format!("token {bad} is not below the vocabulary size {vocab}"),
+            );
+        }
+        if prompt.len() > self.config.context {
+            return Err(Error::ContextFull {
+                tokens: prompt.len(),
+                context: self.config.context,
+            });
+        }
+        let id = SequenceId(self.next_id);
+        self.next_id += 1;
+        let longest_draft = self.speculation.as_ref().map_or(0, |s| s.policy.longest());
+        self.waiting.push_back(Sequence {
+            id,
+            prompt_tokens: prompt.len(),
+            tokens: prompt,
+            blocks: SequenceBlocks::new(),
+            sampler,
+            max_tokens,
+            generated: 0,
+            reused: None,
+            first_scheduled: None,
+            first_token: None,
+            spec: SpecStats::default(),
+            draft_length: DraftLength::new(longest_draft),
+        });
+        Ok(id)
+    }
+
+    fn cancel(&mut self, id: SequenceId) -> bool {
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i).expect("found at this index")
+        } else {
+            return false;
+        };
+        let mut blocks = seq.blocks;
+        blocks.release(&mut self.pool);
+        true
+    }
+
+    fn step(&mut self, events: &mut Vec<Event>) -> Result<(), Error> {
+        self.plan.clear();
+        let budget = self.plan_running()?;
+        self.admit(budget);
+        if self.plan.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.forward()?;
+        self.commit(started, events);
+        Ok(())
+    }
+
+    fn load(&self) -> Load {
+        Load {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            max_sequences: self.config.max_sequences,
+            kv_blocks_used: self.pool.blocks() - self.pool.free_blocks(),
+            kv_blocks: self.pool.blocks(),
+            preemptions: self.preemptions,
+        }
+    }
+
+    fn context(&self) -> usize {
+        self.config.context
+    }
+}
