@@ -56,9 +56,9 @@ impl BatchConfig {
     }
 }
 
-/// A sequence's handle, unique for the batcher's lifetime.
+/// A sequence's handle, unique for the engine's lifetime; each engine numbers its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SequenceId(u64);
+pub struct SequenceId(pub u64);
 
 /// What a step produced, in order for each sequence: tokens, then `Finished` once.
 #[derive(Clone, Debug)]
@@ -110,9 +110,10 @@ pub trait BatchEngine: Send {
         max_tokens: usize,
     ) -> Result<SequenceId, Error>;
 
-    /// Drops a sequence, running or waiting, and frees its blocks; `false` if it is unknown
-    /// (finished already).
-    fn cancel(&mut self, id: SequenceId) -> bool;
+    /// Ends a sequence early, running or waiting (a stop string matched, or its client went
+    /// away): frees its blocks and returns its `Finished` event, stopped by the caller; `None`
+    /// if it is unknown (finished already).
+    fn stop(&mut self, id: SequenceId) -> Option<Event>;
 
     /// Runs one forward pass over the running batch (admitting waiting sequences first where
     /// there is room) and appends what it produced to `events`. Does nothing when no sequence
@@ -599,17 +600,14 @@ where
         Ok(id)
     }
 
-    fn cancel(&mut self, id: SequenceId) -> bool {
+    fn stop(&mut self, id: SequenceId) -> Option<Event> {
         let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
             self.running.remove(i)
-        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
-            self.waiting.remove(i).expect("found at this index")
         } else {
-            return false;
+            let i = self.waiting.iter().position(|s| s.id == id)?;
+            self.waiting.remove(i).expect("found at this index")
         };
-        let mut blocks = seq.blocks;
-        blocks.release(&mut self.pool);
-        true
+        Some(self.retire(seq, StopReason::Caller))
     }
 
     fn step(&mut self, events: &mut Vec<Event>) -> Result<(), Error> {

@@ -249,7 +249,7 @@ fn a_full_pool_preempts_and_recomputes_without_changing_any_output() {
 
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
-fn a_cancelled_sequence_frees_its_blocks_and_the_others_go_on() {
+fn a_stopped_sequence_frees_its_blocks_and_the_others_go_on() {
     let (_, model) = common::load(MODEL);
     let requests = mixed_requests(model.config().vocab);
     let mut batcher = batcher(&model, 64, 4, 512);
@@ -265,8 +265,16 @@ fn a_cancelled_sequence_frees_its_blocks_and_the_others_go_on() {
     let mut events = Vec::new();
     batcher.step(&mut events).unwrap();
     let used = batcher.load().kv_blocks_used;
-    assert!(batcher.cancel(ids[1]));
-    assert!(!batcher.cancel(ids[1]), "already gone");
+    match batcher.stop(ids[1]) {
+        Some(Event::Finished { stats, .. }) => {
+            assert_eq!(
+                (stats.stop, stats.generated_tokens),
+                (StopReason::Caller, 1)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(batcher.stop(ids[1]).is_none(), "already gone");
     assert!(batcher.load().kv_blocks_used < used);
     let mut tokens = vec![Vec::new(); 3];
     while batcher.load().running > 0 {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use lucebox_backend::Backend;
-use lucebox_engine::speculative::{ModelDrafter, NgramDrafter, Speculator};
-use lucebox_engine::{Generator, Session, SessionConfig};
+use lucebox_engine::speculative::{DraftPolicy, Drafter, ModelDrafter, NgramDrafter};
+use lucebox_engine::{BatchConfig, Batcher};
 use lucebox_server::{Engine, Server, ServerConfig};
 use lucebox_tokenizer::{ChatTemplate, Tokenizer};
 use serde::Deserialize;
@@ -42,6 +42,17 @@ pub struct ServeArgs {
     /// Positions of context per sequence [default: 4096].
     #[arg(long)]
     context: Option<usize>,
+    /// Requests generating at once, in one batch; more wait [default: 16].
+    #[arg(long)]
+    max_sequences: Option<usize>,
+    /// Tokens per forward pass: a decode row per running request, prefill chunks in the rest
+    /// [default: 256].
+    #[arg(long)]
+    step_tokens: Option<usize>,
+    /// Memory for the KV cache, shared by all requests and the prefix cache, in MiB
+    /// [default: 1024].
+    #[arg(long, value_name = "MIB")]
+    kv_cache_mib: Option<u64>,
     /// Compute threads [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
@@ -88,6 +99,9 @@ struct FileConfig {
     draft: Option<String>,
     draft_tokens: Option<usize>,
     context: Option<usize>,
+    max_sequences: Option<usize>,
+    step_tokens: Option<usize>,
+    kv_cache_mib: Option<u64>,
     threads: Option<usize>,
     host: Option<IpAddr>,
     port: Option<u16>,
@@ -103,7 +117,11 @@ struct Settings {
     model: String,
     draft: Option<String>,
     draft_tokens: usize,
+    policy: DraftPolicy,
     context: usize,
+    max_sequences: usize,
+    step_tokens: usize,
+    kv_cache_mib: u64,
     threads: Option<usize>,
     log_format: LogFormat,
     server: ServerConfig,
@@ -138,6 +156,19 @@ impl Settings {
         if queue == 0 {
             bail!("--queue must be at least 1");
         }
+        let max_sequences = args.max_sequences.or(file.max_sequences).unwrap_or(16);
+        if max_sequences == 0 {
+            bail!("--max-sequences must be at least 1");
+        }
+        let draft_tokens = args.draft_tokens.or(file.draft_tokens).unwrap_or(8);
+        let policy = draft_policy(draft_tokens, false)?;
+        let step_tokens = args.step_tokens.or(file.step_tokens).unwrap_or(256);
+        if step_tokens < max_sequences.max(draft_tokens + 1) {
+            bail!(
+                "--step-tokens {step_tokens} is too small: one step must hold a token of each of \
+                 --max-sequences {max_sequences} and a verify pass of --draft-tokens {draft_tokens} + 1"
+            );
+        }
         let max_tokens = args.max_tokens.or(file.max_tokens).unwrap_or(context);
         if max_tokens == 0 {
             bail!("--max-tokens must be at least 1");
@@ -150,8 +181,12 @@ impl Settings {
         Ok(Settings {
             model: model.unwrap_or_else(|| DEFAULT_MODEL.to_owned()),
             draft,
-            draft_tokens: args.draft_tokens.or(file.draft_tokens).unwrap_or(8),
+            draft_tokens,
+            policy,
             context,
+            max_sequences,
+            step_tokens,
+            kv_cache_mib: args.kv_cache_mib.or(file.kv_cache_mib).unwrap_or(1024),
             threads: args.threads.or(file.threads),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             server: ServerConfig {
@@ -184,7 +219,6 @@ fn one_line(error: &toml::de::Error, text: &str) -> String {
 /// Runs `lucebox serve` until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = Settings::new(args)?;
-    let policy = draft_policy(settings.draft_tokens, false)?;
     init_logging(settings.log_format)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -200,7 +234,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let handle = server.handle();
         let serving = tokio::spawn(server.serve(shutdown_signal()));
         lucebox_server::notify::status("loading the model");
-        let engine = tokio::task::spawn_blocking(move || load(&settings, policy))
+        let engine = tokio::task::spawn_blocking(move || load(&settings))
             .await
             .context("loading the model")??;
         let model_id = engine.model_id.clone();
@@ -255,38 +289,23 @@ where
     }
 }
 
-/// Loads the model (and drafter), and builds the generator the engine runs.
-fn load(
-    settings: &Settings,
-    policy: lucebox_engine::speculative::DraftPolicy,
-) -> anyhow::Result<Engine> {
+/// Loads the model (and drafter), and builds the batch engine that serves them.
+fn load(settings: &Settings) -> anyhow::Result<Engine> {
     let backend = cpu_backend(settings.threads)?;
     lucebox_server::notify::status(&format!("loading {}", settings.model));
     let target = load_model(&settings.model, &backend).context("--model")?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
     let template = ChatTemplate::from_gguf(target.file.metadata()).context("chat template")?;
-    let config = SessionConfig {
-        context: settings.context,
-        ..SessionConfig::default()
-    };
     let model_id = target
         .catalogue_name
         .clone()
         .unwrap_or_else(|| target.label.clone());
-    let (generator, drafter): (Box<dyn Generator>, String) = match settings.draft.as_deref() {
-        None => (
-            Box::new(Session::new(Arc::clone(&target.model), config)?),
-            "none".into(),
-        ),
-        Some("ngram") => (
-            Box::new(Speculator::new(
-                Arc::clone(&target.model),
-                config,
-                Box::<NgramDrafter>::default(),
-                policy,
-            )?),
-            "ngram".into(),
-        ),
+    let (drafter, drafter_name): (Option<Box<dyn Drafter + Send>>, String) = match settings
+        .draft
+        .as_deref()
+    {
+        None => (None, "none".into()),
+        Some("ngram") => (Some(Box::<NgramDrafter>::default()), "ngram".into()),
         Some(draft) => {
             lucebox_server::notify::status(&format!("loading and checking the drafter {draft}"));
             let drafter = load_drafter(draft, &target)?;
@@ -295,34 +314,58 @@ fn load(
                 .clone()
                 .unwrap_or_else(|| drafter.label.clone());
             let model_drafter = ModelDrafter::new(drafter.model, settings.context)?;
-            (
-                Box::new(Speculator::new(
-                    Arc::clone(&target.model),
-                    config,
-                    Box::new(model_drafter),
-                    policy,
-                )?),
-                name,
-            )
+            (Some(Box::new(model_drafter)), name)
         }
     };
+    let block_tokens = 16;
+    let kv_blocks =
+        BatchConfig::kv_blocks_within(&target.model, settings.kv_cache_mib << 20, block_tokens);
+    if kv_blocks * block_tokens < settings.context {
+        bail!(
+            "--kv-cache-mib {} holds {} positions of this model, fewer than --context {}",
+            settings.kv_cache_mib,
+            kv_blocks * block_tokens,
+            settings.context
+        );
+    }
+    let config = BatchConfig {
+        context: settings.context,
+        kv_blocks,
+        block_tokens,
+        max_sequences: settings.max_sequences,
+        step_tokens: settings.step_tokens,
+    };
+    let is_end = {
+        let tokenizer = Arc::clone(&tokenizer);
+        Box::new(move |token| tokenizer.is_end_of_generation(token))
+    };
+    let batcher = Batcher::new(
+        Arc::clone(&target.model),
+        config,
+        is_end,
+        drafter.map(|d| (d, settings.policy)),
+    )
+    .context("starting the batch engine")?;
+    let context = batcher.config().context;
     let speculation = match settings.draft {
         None => json!(null),
         Some(_) => {
-            json!({"drafter": drafter, "draft_tokens_max": settings.draft_tokens, "draft_length": "adaptive"})
+            json!({"drafter": drafter_name, "draft_tokens_max": settings.draft_tokens, "draft_length": "adaptive", "when": "a request runs alone"})
         }
     };
     let props = json!({
         "model": model_id,
         "model_path": target.path,
         "speculation": speculation,
-        "n_ctx": generator.context(),
+        "n_ctx": context,
+        "max_sequences": settings.max_sequences,
+        "kv_cache_tokens": kv_blocks * block_tokens,
         "chip": "cpu",
         "backend": backend.describe(),
         "chat_template": template.as_ref().map(|t| t.name().to_owned()),
     });
     Ok(Engine {
-        generator,
+        batcher: Box::new(batcher),
         tokenizer,
         template,
         model_id,

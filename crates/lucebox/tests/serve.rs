@@ -290,13 +290,9 @@ fn chat_streamed_and_not_gives_the_same_text_usage_and_timings() {
     assert_eq!(usage["total_tokens"].as_u64(), Some(prompt_tokens + 12));
     let timings = &body["timings"];
     assert_eq!(timings["predicted_n"], 11);
-    // The one-token self-test before READY left its token's KV, which a prompt starting with
-    // the same token reuses; only the rest is fed.
-    let reused = usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
-    assert!(reused <= 1, "{reused} tokens reused from the self-test");
-    assert_eq!(timings["prompt_n"].as_u64(), Some(prompt_tokens - reused));
+    // Nothing was cached before: the one-token self-test fills no whole KV block.
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(timings["prompt_n"].as_u64(), Some(prompt_tokens));
     assert!(timings["predicted_ms"].as_f64().unwrap() > 0.0);
 
     let mut streamed = ask();
@@ -311,10 +307,11 @@ fn chat_streamed_and_not_gives_the_same_text_usage_and_timings() {
     assert_eq!(finish, "length");
     let usage = usage.expect("a usage chunk when include_usage");
     assert_eq!(usage["completion_tokens"], 12);
-    // The same prompt again: all but its last token's KV was kept.
+    // The same prompt again: the prefix cache holds its whole 16-token blocks, short of the
+    // last token, which is always fed.
     assert_eq!(
         usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
-        Some(prompt_tokens - 1)
+        Some((prompt_tokens - 1) / 16 * 16)
     );
 }
 
@@ -441,10 +438,9 @@ fn metrics_count_requests_tokens_and_latencies() {
         metric(text, "lucebox:prefix_cache_queries_total"),
         prompt_tokens
     );
-    // The second request reused all of the first's prompt but its last token; the first at
-    // most the self-test's one token.
-    assert_eq!(cached_tokens[1], prompt_tokens / 2.0 - 1.0);
-    assert!(cached_tokens[0] <= 1.0, "{cached_tokens:?}");
+    // The second request found the first's whole blocks in the prefix cache.
+    let prompt = prompt_tokens / 2.0;
+    assert_eq!(cached_tokens, [0.0, ((prompt - 1.0) / 16.0).floor() * 16.0]);
     assert_eq!(
         metric(text, "lucebox:prefix_cache_hits_total"),
         cached_tokens[0] + cached_tokens[1]
@@ -580,28 +576,43 @@ fn an_api_key_guards_every_route_but_health() {
 
 #[test]
 fn a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine() {
-    let server = Server::start(&["--queue", "1"]);
+    let server = Server::start(&["--max-sequences", "2", "--queue", "1"]);
     let long = chat(
         "Write a very long story.",
         json!({"max_tokens": 3000, "stream": true}),
     );
     let body = long.to_string();
-    // The first request runs; read until its text flows.
-    let mut running = server.connect("POST", "/v1/chat/completions", &[], &body);
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while seen.windows(7).filter(|w| w == b"content").count() < 3 {
-        let n = running.read(&mut buf).unwrap();
-        assert!(n > 0, "the stream ended early");
-        seen.extend_from_slice(&buf[..n]);
+    // Two requests run in one batch; read until the text of both flows.
+    let mut running: Vec<_> = (0..2)
+        .map(|_| server.connect("POST", "/v1/chat/completions", &[], &body))
+        .collect();
+    for stream in &mut running {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while seen.windows(7).filter(|w| w == b"content").count() < 3 {
+            let n = stream.read(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "the stream ended early: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
     }
-    // The second waits in the queue; the third finds it full.
+    let metrics = server.get("/metrics", &[]).body;
+    assert_eq!(
+        metric(&metrics, "lucebox:num_requests_running"),
+        2.0,
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "lucebox:kv_cache_usage_perc") > 0.0);
+    // The third waits in the queue; the fourth finds it full.
     let waiting = server.connect("POST", "/v1/chat/completions", &[], &body);
     std::thread::sleep(Duration::from_millis(200));
     let full = server.post("/v1/chat/completions", &long);
     full.error(503);
     assert!(full.header("retry-after").is_some());
-    // Both clients leave: their generations stop, and a new request is served at once rather
+    // The clients leave: their generations stop, and a new request is served at once rather
     // than after thousands of tokens.
     drop(running);
     drop(waiting);
@@ -623,9 +634,11 @@ fn a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Every block came back: cached prefixes nobody holds count as free.
     let metrics = server.get("/metrics", &[]).body;
     assert_eq!(metric(&metrics, "lucebox:num_requests_running"), 0.0);
     assert_eq!(metric(&metrics, "lucebox:num_requests_waiting"), 0.0);
+    assert_eq!(metric(&metrics, "lucebox:kv_cache_usage_perc"), 0.0);
 }
 
 #[cfg(unix)]

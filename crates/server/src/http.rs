@@ -322,14 +322,14 @@ async fn complete(
     match ready.queue.submit(job) {
         Ok(()) => {}
         Err(worker::Refused::Full) => {
-            state.metrics.dequeued(false);
+            state.metrics.dequeued();
             return Err(ApiError::unavailable(
                 "the request queue is full; retry later",
                 1,
             ));
         }
         Err(worker::Refused::Stopped) => {
-            state.metrics.dequeued(false);
+            state.metrics.dequeued();
             return Err(ApiError::internal("the engine has stopped"));
         }
     }

@@ -2,9 +2,10 @@
 //! or not), models, health, and llama.cpp's tokenize, detokenize and props, over HTTP/1.1 on
 //! tokio and hyper, and Prometheus metrics under vLLM's names.
 //!
-//! One engine thread owns the model and runs requests one at a time in arrival order from a
-//! bounded queue (a full queue answers 503 with `Retry-After`); text reaches each connection as
-//! it is generated, and a client that disconnects cancels its generation. The server listens
+//! One engine thread owns the model and runs requests as one continuously batched set: queued
+//! requests (a bounded queue; a full one answers 503 with `Retry-After`) join the running batch
+//! whenever it has room, text reaches each connection as it is generated, and a client that
+//! disconnects cancels its sequence and frees its KV blocks. The server listens
 //! before the model is loaded, so that `/health` can say 503 while loading:
 //!
 //! ```no_run
@@ -34,7 +35,7 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use lucebox_engine::Generator;
+use lucebox_engine::BatchEngine;
 use lucebox_tokenizer::{ChatTemplate, Tokenizer};
 use tokio::net::TcpListener;
 
@@ -51,7 +52,7 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// The most tokens one request may generate; requests asking for more get a 400.
     pub max_tokens: usize,
-    /// Requests waiting for the engine beyond the one running; more get a 503.
+    /// Requests waiting for room in the engine's batch; more get a 503.
     pub queue: usize,
     /// How long a shutdown waits for requests in flight.
     pub drain: Duration,
@@ -72,8 +73,8 @@ impl Default for ServerConfig {
 
 /// A loaded model, ready to serve.
 pub struct Engine {
-    /// Plain or speculative generation on the model.
-    pub generator: Box<dyn Generator>,
+    /// The model's batched engine (speculating when a drafter is set).
+    pub batcher: Box<dyn BatchEngine>,
     /// The model's tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// The model's chat template, if it has one (without, only text completions work).
@@ -88,7 +89,7 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("model_id", &self.model_id)
-            .field("context", &self.generator.context())
+            .field("context", &self.batcher.context())
             .finish_non_exhaustive()
     }
 }
@@ -169,11 +170,11 @@ impl Handle {
             return Err(std::io::Error::other("the server already has an engine"));
         }
         notify::status("self-test: generating one token");
-        worker::self_test(engine.generator.as_mut(), &engine.tokenizer)
+        worker::self_test(engine.batcher.as_mut(), &engine.tokenizer)
             .map_err(std::io::Error::other)?;
-        let context = engine.generator.context();
+        let context = engine.batcher.context();
         let queue = worker::spawn(
-            engine.generator,
+            engine.batcher,
             Arc::clone(&engine.tokenizer),
             self.state.config.queue,
             notify::Watchdog::from_env(),

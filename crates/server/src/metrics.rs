@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use lucebox_engine::Load;
 use lucebox_engine::speculative::{MAX_DRAFT, SpecStats};
 
 /// Latency buckets in seconds, as vLLM's for time to first token and end-to-end latency.
@@ -58,10 +59,14 @@ impl Histogram {
 /// Every metric the server keeps.
 #[derive(Debug)]
 pub(crate) struct Metrics {
+    /// Requests queued for the engine thread, not yet taken.
+    queued: AtomicU64,
+    /// The engine's own figures, as of its last step.
     running: AtomicU64,
-    waiting: AtomicU64,
-    kv_tokens: AtomicU64,
-    kv_capacity: AtomicU64,
+    engine_waiting: AtomicU64,
+    kv_blocks_used: AtomicU64,
+    kv_blocks: AtomicU64,
+    preemptions: AtomicU64,
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
     finished_stop: AtomicU64,
@@ -95,10 +100,12 @@ pub(crate) enum Latency {
 impl Default for Metrics {
     fn default() -> Self {
         Self {
+            queued: AtomicU64::new(0),
             running: AtomicU64::new(0),
-            waiting: AtomicU64::new(0),
-            kv_tokens: AtomicU64::new(0),
-            kv_capacity: AtomicU64::new(0),
+            engine_waiting: AtomicU64::new(0),
+            kv_blocks_used: AtomicU64::new(0),
+            kv_blocks: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
             finished_stop: AtomicU64::new(0),
@@ -125,25 +132,22 @@ fn add(counter: &AtomicU64, n: u64) {
 
 impl Metrics {
     pub(crate) fn queued(&self) {
-        add(&self.waiting, 1);
+        add(&self.queued, 1);
     }
 
-    /// A queued request left the queue, to run (`started`) or because its client had gone.
-    pub(crate) fn dequeued(&self, started: bool) {
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        if started {
-            add(&self.running, 1);
-        }
+    /// A queued request left the queue: taken by the engine thread, or refused.
+    pub(crate) fn dequeued(&self) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn stopped_running(&self) {
-        self.running.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// The KV cache now holds `tokens` of `capacity` positions.
-    pub(crate) fn kv_usage(&self, tokens: usize, capacity: usize) {
-        self.kv_tokens.store(tokens as u64, Ordering::Relaxed);
-        self.kv_capacity.store(capacity as u64, Ordering::Relaxed);
+    /// The engine's load after a step.
+    pub(crate) fn engine_load(&self, load: Load) {
+        let set = |gauge: &AtomicU64, value: usize| gauge.store(value as u64, Ordering::Relaxed);
+        set(&self.running, load.running);
+        set(&self.engine_waiting, load.waiting);
+        set(&self.kv_blocks_used, load.kv_blocks_used);
+        set(&self.kv_blocks, load.kv_blocks);
+        self.preemptions.store(load.preemptions, Ordering::Relaxed);
     }
 
     pub(crate) fn observe(&self, latency: Latency, value: Duration) {
@@ -193,8 +197,8 @@ impl Metrics {
     pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let kv_usage = get(&self.kv_tokens) as f64 / get(&self.kv_capacity).max(1) as f64;
-        let single: [(&str, &str, &str, f64); 12] = [
+        let kv_usage = get(&self.kv_blocks_used) as f64 / get(&self.kv_blocks).max(1) as f64;
+        let single: [(&str, &str, &str, f64); 13] = [
             (
                 "num_requests_running",
                 "gauge",
@@ -204,14 +208,21 @@ impl Metrics {
             (
                 "num_requests_waiting",
                 "gauge",
-                "Requests waiting in the queue.",
-                get(&self.waiting) as f64,
+                "Requests waiting: queued, or preempted.",
+                (get(&self.queued) + get(&self.engine_waiting)) as f64,
             ),
             (
                 "kv_cache_usage_perc",
                 "gauge",
-                "Fraction of the KV cache's positions in use (1 is full).",
+                "Fraction of the KV cache's blocks held by requests (1 is full; cached prefixes \
+                 nobody holds count as free).",
                 kv_usage,
+            ),
+            (
+                "num_preemptions_total",
+                "counter",
+                "Requests preempted because the KV cache was full; they are recomputed later.",
+                get(&self.preemptions) as f64,
             ),
             (
                 "prompt_tokens_total",

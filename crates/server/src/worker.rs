@@ -1,24 +1,23 @@
-//! The engine thread: it owns the generator and runs one request at a time, in arrival order,
-//! sending text to the request's connection as it is produced.
+//! The engine thread: it owns the batched engine, admits queued requests into its running
+//! batch as room frees up, steps it, and sends each request's text to its connection as it is
+//! produced.
 
-use std::ops::ControlFlow;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use lucebox_engine::speculative::SpecStats;
-use lucebox_engine::{Generator, Sampler, SamplingParams, StopReason};
+use lucebox_engine::{
+    BatchEngine, Event as EngineEvent, Sampler, SamplingParams, SequenceId, StopReason,
+};
 use lucebox_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::metrics::{Latency, Metrics};
 use crate::notify::Watchdog;
 use crate::stop::StopMatcher;
-
-/// Text events per request buffered between the engine and a slow client; beyond this the
-/// engine waits for the client.
-const EVENTS_BUFFERED: usize = 64;
 
 /// What the engine generates for one request.
 #[derive(Debug)]
@@ -33,7 +32,9 @@ pub(crate) struct Request {
 #[derive(Debug)]
 pub(crate) struct Job {
     pub request: Request,
-    pub events: mpsc::Sender<Event>,
+    /// Unbounded: the engine never waits for one slow client while others share its batch; a
+    /// request's events are bounded by its `max_tokens` anyway.
+    pub events: mpsc::UnboundedSender<Event>,
     /// When the request arrived, for the latency metrics.
     pub arrived: Instant,
 }
@@ -81,8 +82,23 @@ pub(crate) struct Finish {
 /// The sending end of the engine's queue.
 #[derive(Clone, Debug)]
 pub(crate) struct Queue {
-    jobs: SyncSender<Job>,
+    jobs: Sender<(Job, Ticket)>,
     alive: Arc<AtomicBool>,
+    /// Jobs submitted and not yet finished: queued, or in the engine's batch.
+    outstanding: Arc<AtomicUsize>,
+    /// The most outstanding jobs: a full batch and a full queue.
+    limit: usize,
+}
+
+/// Counts its job as outstanding until dropped, wherever that happens: finished, cancelled,
+/// or lost with a panicking engine thread.
+#[derive(Debug)]
+struct Ticket(Arc<AtomicUsize>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Marks the engine dead when its thread ends, by a return or a panic.
@@ -109,25 +125,28 @@ impl Queue {
         self.alive.load(Ordering::Relaxed)
     }
 
-    /// Queues `job`.
+    /// Queues `job`, unless the batch and the queue are full.
     pub(crate) fn submit(&self, job: Job) -> Result<(), Refused> {
-        self.jobs.try_send(job).map_err(|e| match e {
-            TrySendError::Full(_) => Refused::Full,
-            TrySendError::Disconnected(_) => Refused::Stopped,
-        })
+        if self.outstanding.fetch_add(1, Ordering::Relaxed) >= self.limit {
+            self.outstanding.fetch_sub(1, Ordering::Relaxed);
+            return Err(Refused::Full);
+        }
+        let ticket = Ticket(Arc::clone(&self.outstanding));
+        self.jobs.send((job, ticket)).map_err(|_| Refused::Stopped)
     }
 }
 
-/// Starts the engine thread with a queue of `capacity` waiting requests; it feeds `watchdog`
-/// and records into `metrics`.
+/// Starts the engine thread with a queue of `capacity` requests waiting for room in its batch;
+/// it feeds `watchdog` and records into `metrics`.
 pub(crate) fn spawn(
-    generator: Box<dyn Generator>,
+    engine: Box<dyn BatchEngine>,
     tokenizer: Arc<Tokenizer>,
     capacity: usize,
     watchdog: Option<Watchdog>,
     metrics: Arc<Metrics>,
 ) -> std::io::Result<Queue> {
-    let (jobs, waiting) = std::sync::mpsc::sync_channel(capacity);
+    let (jobs, waiting) = std::sync::mpsc::channel();
+    let limit = capacity + engine.load().max_sequences;
     let alive = Arc::new(AtomicBool::new(true));
     let guard = Alive(Arc::clone(&alive));
     std::thread::Builder::new()
@@ -137,181 +156,273 @@ pub(crate) fn spawn(
             // counts as dead, submitting fails too.
             let _guard = guard;
             let waiting = waiting;
-            run(generator, &tokenizer, &waiting, watchdog, &metrics);
+            Worker {
+                engine,
+                tokenizer,
+                metrics,
+                active: HashMap::new(),
+            }
+            .run(&waiting, watchdog);
         })?;
-    Ok(Queue { jobs, alive })
+    Ok(Queue {
+        jobs,
+        alive,
+        outstanding: Arc::default(),
+        limit,
+    })
 }
 
 /// Generates one token from one token, greedily: the model runs end to end before the server
 /// says it is ready.
-pub(crate) fn self_test(
-    generator: &mut dyn Generator,
-    tokenizer: &Tokenizer,
-) -> Result<(), String> {
-    let prompt = [tokenizer.bos().unwrap_or(0)];
-    let mut sampler = Sampler::new(SamplingParams::default());
-    let (stats, _) = generator
-        .generate(&prompt, &mut sampler, 1, &|_| false, &mut |_| {
-            ControlFlow::Continue(())
-        })
-        .map_err(|e| format!("self-test: {e}"))?;
-    if stats.generated_tokens != 1 {
-        return Err(format!(
-            "self-test: {} tokens generated instead of 1",
-            stats.generated_tokens
-        ));
+pub(crate) fn self_test(engine: &mut dyn BatchEngine, tokenizer: &Tokenizer) -> Result<(), String> {
+    let prompt = vec![tokenizer.bos().unwrap_or(0)];
+    let fail = |e: lucebox_engine::Error| format!("self-test: {e}");
+    engine
+        .add(prompt, Sampler::new(SamplingParams::default()), 1)
+        .map_err(fail)?;
+    let mut events = Vec::new();
+    // One step prefills and samples; a second would mean the engine did not finish it.
+    for _ in 0..2 {
+        engine.step(&mut events).map_err(fail)?;
+        if let Some(EngineEvent::Finished { stats, .. }) = events.last() {
+            return match stats.generated_tokens {
+                1 => Ok(()),
+                n => Err(format!("self-test: {n} tokens generated instead of 1")),
+            };
+        }
     }
-    Ok(())
+    Err("self-test: no token after two steps".into())
 }
 
 /// A channel for one job's events.
-pub(crate) fn events() -> (mpsc::Sender<Event>, mpsc::Receiver<Event>) {
-    mpsc::channel(EVENTS_BUFFERED)
+pub(crate) fn events() -> (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>) {
+    mpsc::unbounded_channel()
 }
 
-fn run(
-    mut generator: Box<dyn Generator>,
-    tokenizer: &Arc<Tokenizer>,
-    waiting: &Receiver<Job>,
-    mut watchdog: Option<Watchdog>,
-    metrics: &Metrics,
-) {
-    let context = generator.context();
-    loop {
-        let job = match &mut watchdog {
-            Some(watchdog) => {
-                watchdog.pet();
-                match waiting.recv_timeout(watchdog.interval()) {
-                    Ok(job) => job,
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            }
-            None => match waiting.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            },
-        };
-        let gone = job.events.is_closed();
-        metrics.dequeued(!gone);
-        if gone {
-            continue;
-        }
-        metrics.observe(Latency::Queue, job.arrived.elapsed());
-        let mut last_token: Option<Instant> = None;
-        let on_token = || {
+/// A request in the engine's batch: its job and the state that turns its tokens into text.
+struct Active {
+    job: Job,
+    /// Held while the request is in the batch.
+    _ticket: Ticket,
+    decoder: StreamDecoder<Arc<Tokenizer>>,
+    stops: StopMatcher,
+    stopped_by_text: bool,
+    last_token: Option<Instant>,
+}
+
+struct Worker {
+    engine: Box<dyn BatchEngine>,
+    tokenizer: Arc<Tokenizer>,
+    metrics: Arc<Metrics>,
+    active: HashMap<SequenceId, Active>,
+}
+
+impl Worker {
+    fn run(mut self, waiting: &Receiver<(Job, Ticket)>, mut watchdog: Option<Watchdog>) {
+        let mut events = Vec::new();
+        loop {
             if let Some(watchdog) = &mut watchdog {
                 watchdog.pet();
             }
-            let now = Instant::now();
-            match last_token {
-                None => metrics.observe(Latency::FirstToken, now - job.arrived),
-                Some(last) => metrics.observe(Latency::InterToken, now - last),
+            if self.active.is_empty() {
+                // Idle: wait for work, waking up to feed the watchdog.
+                let job = match &watchdog {
+                    Some(watchdog) => match waiting.recv_timeout(watchdog.interval()) {
+                        Ok(job) => job,
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    },
+                    None => match waiting.recv() {
+                        Ok(job) => job,
+                        Err(_) => return,
+                    },
+                };
+                self.admit(job);
             }
-            last_token = Some(now);
-        };
-        let outcome = generate(generator.as_mut(), tokenizer, &job, on_token);
-        metrics.stopped_running();
-        metrics.kv_usage(generator.held_tokens(), context);
-        let event = match outcome {
-            Ok(Some((finish, spec))) => {
-                metrics.observe(Latency::EndToEnd, job.arrived.elapsed());
-                metrics.finished(
-                    finish.prompt_tokens,
-                    finish.cached_tokens,
-                    finish.completion_tokens,
-                    finish.reason == FinishReason::Stop,
-                    spec.as_ref(),
-                );
-                Event::Done(finish)
-            }
-            Ok(None) => {
-                tracing::debug!("client went away; generation cancelled");
-                continue;
-            }
-            Err(message) => {
-                tracing::warn!("generation failed: {message}");
-                Event::Failed(message)
-            }
-        };
-        // A client that has gone no longer needs the result.
-        let _ = job.events.blocking_send(event);
-    }
-}
-
-fn generate(
-    generator: &mut dyn Generator,
-    tokenizer: &Arc<Tokenizer>,
-    job: &Job,
-    mut on_token: impl FnMut(),
-) -> Result<Option<(Finish, Option<SpecStats>)>, String> {
-    let mut sampler = Sampler::new(job.request.params.clone());
-    let mut decoder = StreamDecoder::new(Arc::clone(tokenizer), true);
-    let mut stops = StopMatcher::new(job.request.stop.clone());
-    let mut stopped_by_text = false;
-    let mut gone = false;
-    let send =
-        |text: String| text.is_empty() || job.events.blocking_send(Event::Text(text)).is_ok();
-    let (stats, spec) = generator
-        .generate(
-            &job.request.prompt,
-            &mut sampler,
-            job.request.max_tokens,
-            &|t| tokenizer.is_end_of_generation(t),
-            &mut |t| {
-                on_token();
-                if tokenizer.is_end_of_generation(t) {
-                    return ControlFlow::Continue(());
+            while self.has_room() {
+                match waiting.try_recv() {
+                    Ok(job) => self.admit(job),
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
-                let matched = stops.push(&decoder.push(t).unwrap_or_default());
-                if !send(matched.text) {
-                    gone = true;
-                    return ControlFlow::Break(());
-                }
-                if matched.stopped {
-                    stopped_by_text = true;
-                    return ControlFlow::Break(());
-                }
-                ControlFlow::Continue(())
-            },
-        )
-        .map_err(|e| e.to_string())?;
-    if gone {
-        return Ok(None);
-    }
-    if !stopped_by_text {
-        let tail = stops.push(&decoder.finish().unwrap_or_default());
-        let text = if tail.stopped {
-            tail.text
-        } else {
-            tail.text + &stops.finish()
-        };
-        stopped_by_text = tail.stopped;
-        if !send(text) {
-            return Ok(None);
+            }
+            self.cancel_abandoned();
+            events.clear();
+            if let Err(e) = self.engine.step(&mut events) {
+                self.fail_all(&e.to_string());
+            }
+            // Before the events go out, so that a client that has seen its text reads
+            // metrics at least as new.
+            self.metrics.engine_load(self.engine.load());
+            for event in events.drain(..) {
+                self.dispatch(event);
+            }
         }
     }
-    let reason = match stats.stop {
-        StopReason::EndOfGeneration | StopReason::Caller => FinishReason::Stop,
-        StopReason::MaxTokens | StopReason::ContextFull if stopped_by_text => FinishReason::Stop,
-        StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
-    };
-    let finish = Finish {
-        reason,
-        prompt_tokens: stats.prompt_tokens,
-        cached_tokens: stats.reused_tokens,
-        completion_tokens: stats.generated_tokens,
-        prompt_time: stats.prefill,
-        decode_time: stats.decode,
-        drafted_tokens: spec.as_ref().map_or(0, |s| s.drafted_tokens()),
-        accepted_tokens: spec.as_ref().map_or(0, |s| s.accepted_tokens()),
-    };
-    Ok(Some((finish, spec)))
+
+    /// Whether the engine would run another sequence now.
+    fn has_room(&self) -> bool {
+        let load = self.engine.load();
+        load.running + load.waiting < load.max_sequences
+    }
+
+    /// Takes a job off the queue into the engine.
+    fn admit(&mut self, (job, ticket): (Job, Ticket)) {
+        self.metrics.dequeued();
+        if job.events.is_closed() {
+            return;
+        }
+        self.metrics.observe(Latency::Queue, job.arrived.elapsed());
+        let request = &job.request;
+        let added = self.engine.add(
+            request.prompt.clone(),
+            Sampler::new(request.params.clone()),
+            request.max_tokens,
+        );
+        match added {
+            Ok(id) => {
+                let stops = StopMatcher::new(request.stop.clone());
+                self.active.insert(
+                    id,
+                    Active {
+                        decoder: StreamDecoder::new(Arc::clone(&self.tokenizer), true),
+                        stops,
+                        stopped_by_text: false,
+                        last_token: None,
+                        job,
+                        _ticket: ticket,
+                    },
+                );
+            }
+            Err(e) => {
+                tracing::warn!("request refused by the engine: {e}");
+                let _ = job.events.send(Event::Failed(e.to_string()));
+            }
+        }
+    }
+
+    /// Ends the sequences whose clients have gone; their blocks go back to the pool.
+    fn cancel_abandoned(&mut self) {
+        let gone: Vec<SequenceId> = self
+            .active
+            .iter()
+            .filter(|(_, a)| a.job.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            tracing::debug!("client went away; generation cancelled");
+            self.engine.stop(id);
+            self.active.remove(&id);
+        }
+    }
+
+    /// Reports `message` to every request in the batch and drops them all.
+    fn fail_all(&mut self, message: &str) {
+        tracing::warn!("generation failed: {message}");
+        for (id, active) in self.active.drain() {
+            self.engine.stop(id);
+            let _ = active.job.events.send(Event::Failed(message.to_owned()));
+        }
+    }
+
+    fn dispatch(&mut self, event: EngineEvent) {
+        match event {
+            EngineEvent::Token { id, token } => self.token(id, token),
+            EngineEvent::Finished { id, stats, spec } => {
+                if let Some(active) = self.active.remove(&id) {
+                    self.finish(active, stats, spec.as_deref());
+                }
+            }
+        }
+    }
+
+    fn token(&mut self, id: SequenceId, token: u32) {
+        // Tokens after a stop string in the same step belong to no request any more.
+        let Some(active) = self.active.get_mut(&id) else {
+            return;
+        };
+        let now = Instant::now();
+        match active.last_token {
+            None => self
+                .metrics
+                .observe(Latency::FirstToken, now - active.job.arrived),
+            Some(last) => self.metrics.observe(Latency::InterToken, now - last),
+        }
+        active.last_token = Some(now);
+        if self.tokenizer.is_end_of_generation(token) {
+            return;
+        }
+        let matched = active
+            .stops
+            .push(&active.decoder.push(token).unwrap_or_default());
+        if !matched.text.is_empty() {
+            // A client that has gone is noticed before the next step.
+            let _ = active.job.events.send(Event::Text(matched.text));
+        }
+        if matched.stopped {
+            active.stopped_by_text = true;
+            if let Some(EngineEvent::Finished { stats, spec, .. }) = self.engine.stop(id) {
+                let active = self.active.remove(&id).expect("looked up above");
+                self.finish(active, stats, spec.as_deref());
+            }
+        }
+    }
+
+    /// Sends a finished request's last text and its `Done`.
+    fn finish(
+        &mut self,
+        mut active: Active,
+        stats: lucebox_engine::GenerationStats,
+        spec: Option<&SpecStats>,
+    ) {
+        let mut stopped_by_text = active.stopped_by_text;
+        if !stopped_by_text {
+            let tail = active
+                .stops
+                .push(&active.decoder.finish().unwrap_or_default());
+            let text = if tail.stopped {
+                tail.text
+            } else {
+                tail.text + &active.stops.finish()
+            };
+            stopped_by_text = tail.stopped;
+            if !text.is_empty() {
+                let _ = active.job.events.send(Event::Text(text));
+            }
+        }
+        let reason = match stats.stop {
+            StopReason::EndOfGeneration | StopReason::Caller => FinishReason::Stop,
+            StopReason::MaxTokens | StopReason::ContextFull if stopped_by_text => {
+                FinishReason::Stop
+            }
+            StopReason::MaxTokens | StopReason::ContextFull => FinishReason::Length,
+        };
+        let finish = Finish {
+            reason,
+            prompt_tokens: stats.prompt_tokens,
+            cached_tokens: stats.reused_tokens,
+            completion_tokens: stats.generated_tokens,
+            prompt_time: stats.prefill,
+            decode_time: stats.decode,
+            drafted_tokens: spec.map_or(0, |s| s.drafted_tokens()),
+            accepted_tokens: spec.map_or(0, |s| s.accepted_tokens()),
+        };
+        self.metrics
+            .observe(Latency::EndToEnd, active.job.arrived.elapsed());
+        self.metrics.finished(
+            finish.prompt_tokens,
+            finish.cached_tokens,
+            finish.completion_tokens,
+            reason == FinishReason::Stop,
+            spec,
+        );
+        // A client that has gone no longer needs the result.
+        let _ = active.job.events.send(Event::Done(finish));
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use lucebox_engine::{Error, GenerationStats};
+    use lucebox_engine::{Error, GenerationStats, Load};
 
     use super::*;
 
@@ -321,7 +432,7 @@ mod tests {
         Arc::new(Tokenizer::from_gguf(file.metadata()).unwrap())
     }
 
-    fn job(max_tokens: usize, stop: &[&str]) -> (Job, mpsc::Receiver<Event>) {
+    fn job(max_tokens: usize, stop: &[&str]) -> (Job, mpsc::UnboundedReceiver<Event>) {
         let (events, received) = events();
         let request = Request {
             prompt: vec![1, 2, 3],
@@ -337,73 +448,122 @@ mod tests {
         (job, received)
     }
 
-    /// Generates a fixed list of tokens, as a model would, honouring the caller's stop.
-    struct Scripted(Vec<u32>);
+    /// Generates a fixed list of tokens for every sequence, one per step, as a batched model
+    /// would, ending at `end` or `max_tokens`.
+    struct Scripted {
+        script: Vec<u32>,
+        end: Option<u32>,
+        /// Running sequences: id, prompt length, max tokens, tokens generated.
+        running: Vec<(SequenceId, usize, usize, usize)>,
+        next_id: u64,
+    }
 
-    impl Generator for Scripted {
-        fn generate(
-            &mut self,
-            prompt: &[u32],
-            _: &mut Sampler,
-            max_tokens: usize,
-            is_end: &dyn Fn(u32) -> bool,
-            on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
-        ) -> Result<(GenerationStats, Option<SpecStats>), Error> {
-            let mut stats = GenerationStats {
-                prompt_tokens: prompt.len(),
-                reused_tokens: 0,
-                generated_tokens: 0,
-                prefill: Duration::ZERO,
-                decode: Duration::ZERO,
-                stop: StopReason::MaxTokens,
-            };
-            for &token in self.0.iter().take(max_tokens) {
-                stats.generated_tokens += 1;
-                if on_token(token).is_break() {
-                    stats.stop = StopReason::Caller;
-                    break;
-                }
-                if is_end(token) {
-                    stats.stop = StopReason::EndOfGeneration;
-                    break;
+    impl Scripted {
+        fn new(script: Vec<u32>, end: Option<u32>) -> Box<Self> {
+            Box::new(Self {
+                script,
+                end,
+                running: Vec::new(),
+                next_id: 0,
+            })
+        }
+
+        fn finished(&self, index: usize, stop: StopReason) -> EngineEvent {
+            let (id, prompt_tokens, _, generated) = self.running[index];
+            EngineEvent::Finished {
+                id,
+                stats: GenerationStats {
+                    prompt_tokens,
+                    reused_tokens: 0,
+                    generated_tokens: generated,
+                    prefill: Duration::ZERO,
+                    decode: Duration::ZERO,
+                    stop,
+                },
+                spec: None,
+            }
+        }
+    }
+
+    impl BatchEngine for Scripted {
+        fn add(&mut self, prompt: Vec<u32>, _: Sampler, max: usize) -> Result<SequenceId, Error> {
+            let id = SequenceId(self.next_id);
+            self.next_id += 1;
+            self.running.push((id, prompt.len(), max, 0));
+            Ok(id)
+        }
+
+        fn stop(&mut self, id: SequenceId) -> Option<EngineEvent> {
+            let index = self.running.iter().position(|s| s.0 == id)?;
+            let event = self.finished(index, StopReason::Caller);
+            self.running.remove(index);
+            Some(event)
+        }
+
+        fn step(&mut self, events: &mut Vec<EngineEvent>) -> Result<(), Error> {
+            let mut index = 0;
+            while index < self.running.len() {
+                let (id, _, max, generated) = &mut self.running[index];
+                let token = self.script[*generated % self.script.len()];
+                *generated += 1;
+                events.push(EngineEvent::Token { id: *id, token });
+                let stop = if Some(token) == self.end {
+                    Some(StopReason::EndOfGeneration)
+                } else if generated == max {
+                    Some(StopReason::MaxTokens)
+                } else {
+                    None
+                };
+                match stop {
+                    Some(stop) => {
+                        events.push(self.finished(index, stop));
+                        self.running.remove(index);
+                    }
+                    None => index += 1,
                 }
             }
-            Ok((stats, None))
+            Ok(())
+        }
+
+        fn load(&self) -> Load {
+            Load {
+                running: self.running.len(),
+                max_sequences: 4,
+                ..Load::default()
+            }
         }
 
         fn context(&self) -> usize {
             64
         }
-
-        fn held_tokens(&self) -> usize {
-            0
-        }
     }
 
-    struct Panicking;
+    /// An engine whose first step panics, as a wedged kernel would.
+    struct Panicking(Box<Scripted>);
 
-    impl Generator for Panicking {
-        fn generate(
-            &mut self,
-            _: &[u32],
-            _: &mut Sampler,
-            _: usize,
-            _: &dyn Fn(u32) -> bool,
-            _: &mut dyn FnMut(u32) -> ControlFlow<()>,
-        ) -> Result<(GenerationStats, Option<SpecStats>), Error> {
+    impl BatchEngine for Panicking {
+        fn add(&mut self, prompt: Vec<u32>, s: Sampler, max: usize) -> Result<SequenceId, Error> {
+            self.0.add(prompt, s, max)
+        }
+
+        fn stop(&mut self, id: SequenceId) -> Option<EngineEvent> {
+            self.0.stop(id)
+        }
+
+        fn step(&mut self, _: &mut Vec<EngineEvent>) -> Result<(), Error> {
             panic!("a wedged kernel");
         }
 
+        fn load(&self) -> Load {
+            self.0.load()
+        }
+
         fn context(&self) -> usize {
             64
         }
-
-        fn held_tokens(&self) -> usize {
-            0
-        }
     }
 
-    fn collect(received: &mut mpsc::Receiver<Event>) -> (String, Option<Finish>) {
+    fn collect(received: &mut mpsc::UnboundedReceiver<Event>) -> (String, Option<Finish>) {
         let mut text = String::new();
         while let Some(event) = received.blocking_recv() {
             match event {
@@ -420,7 +580,7 @@ mod tests {
         let tokenizer = tokenizer();
         let tokens = tokenizer.encode("The answer is 42. END of story, and more.", false);
         let queue = spawn(
-            Box::new(Scripted(tokens)),
+            Scripted::new(tokens, tokenizer.eos()),
             Arc::clone(&tokenizer),
             2,
             None,
@@ -448,7 +608,7 @@ mod tests {
         tokens.push(tokenizer.eos().unwrap());
         tokens.extend(tokenizer.encode(" never", false));
         let queue = spawn(
-            Box::new(Scripted(tokens)),
+            Scripted::new(tokens, tokenizer.eos()),
             Arc::clone(&tokenizer),
             2,
             None,
@@ -465,7 +625,8 @@ mod tests {
     #[test]
     fn a_panicking_engine_is_reported_dead_and_refuses_work() {
         let tokenizer = tokenizer();
-        let queue = spawn(Box::new(Panicking), tokenizer, 2, None, Arc::default()).unwrap();
+        let engine = Box::new(Panicking(Scripted::new(vec![1], None)));
+        let queue = spawn(engine, tokenizer, 2, None, Arc::default()).unwrap();
         let (job_1, mut received) = job(4, &[]);
         queue.submit(job_1).unwrap();
         // The job's sender goes down with the thread: no Done, no Failed.
