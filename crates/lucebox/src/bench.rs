@@ -63,6 +63,15 @@ pub(crate) struct BenchArgs {
     /// With --serve: the most tokens per request (the prompt set's own limits also apply).
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// Decode with this many sequences at once, one level after another, through the batch
+    /// engine: each sequence's --prompt-tokens are prefilled, then --gen-tokens steps timed
+    /// (aggregate tok/s, as llama.cpp's batched-bench reports).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with_all = ["spec", "serve"]
+    )]
+    batch: Vec<usize>,
 }
 
 pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -97,6 +106,16 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
                 repetitions: args.repetitions,
                 json: args.json,
             },
+        );
+    }
+    if !args.batch.is_empty() {
+        return crate::batch_bench::run(
+            &target,
+            &args.batch,
+            args.prompt_tokens,
+            args.gen_tokens,
+            args.repetitions,
+            args.json,
         );
     }
     let model = target.model;
@@ -175,7 +194,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Sorts `runs` and returns their median.
-fn median(runs: &mut [f64]) -> f64 {
+pub(crate) fn median(runs: &mut [f64]) -> f64 {
     runs.sort_by(f64::total_cmp);
     let n = runs.len();
     if n % 2 == 1 {

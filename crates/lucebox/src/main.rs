@@ -1,6 +1,7 @@
 //! `lucebox`: the command-line entry point. It parses flags, composes the library crates and
 //! reports errors as one line.
 
+mod batch_bench;
 mod bench;
 mod fetch;
 mod generate;

@@ -755,13 +755,25 @@ fn json_logs_are_one_object_per_line() {
     let _ = child.wait();
 }
 
-/// Many clients at once: every request is answered, every token arrives once and in order, and
-/// each greedy output equals what the same request gets alone.
+/// The load test of issue 4: 64 streaming clients send 500 requests of mixed prompt lengths.
+/// Every request is answered, every token arrives once and in order, and each greedy output
+/// equals what the same request gets alone. The server runs 16 sequences in a batch, feeds
+/// prompts in chunks of at most 64 tokens per step, and has a KV pool of 6 MiB (about 270
+/// positions of this model), so requests also wait, share cached prefixes and are preempted.
 #[test]
-fn concurrent_streaming_clients_get_exactly_their_single_client_output() {
-    const CLIENTS: usize = 16;
-    const REQUESTS: usize = 48;
-    let server = Server::start(&["--queue", "64"]);
+fn load_test_64_clients_500_requests_each_output_as_if_alone() {
+    const CLIENTS: usize = 64;
+    const REQUESTS: usize = 500;
+    let server = Server::start(&[
+        "--queue",
+        "64",
+        "--step-tokens",
+        "64",
+        "--kv-cache-mib",
+        "6",
+        "--context",
+        "256",
+    ]);
     let client = server.client();
     let topics = [
         "rivers",
@@ -772,20 +784,27 @@ fn concurrent_streaming_clients_get_exactly_their_single_client_output() {
         "chess",
     ];
     let request = |i: usize| {
-        // Mixed prompt lengths: a topic after 0 to 36 words of context.
-        let context = "Some context words. ".repeat(i % 4 * 3);
+        // Mixed prompt lengths: a topic after 0 to 72 words of context.
+        let context = "Some context words. ".repeat(i % 4 * 6);
         chat(
             &format!(
                 "{context}Write one sentence about {}.",
                 topics[i % topics.len()]
             ),
-            json!({"max_tokens": 6 + 4 * (i % 3), "stream": true}),
+            json!({
+                "max_tokens": 6 + 4 * (i % 3),
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            }),
         )
     };
     // Request i depends on i modulo 6, 4 and 3: twelve distinct requests.
     let distinct = 12;
-    let alone: Vec<String> = (0..distinct)
-        .map(|i| streamed_chat(&client.post("/v1/chat/completions", &request(i))).0)
+    let alone: Vec<(String, Value)> = (0..distinct)
+        .map(|i| {
+            let (text, _, usage) = streamed_chat(&client.post("/v1/chat/completions", &request(i)));
+            (text, usage.unwrap()["completion_tokens"].clone())
+        })
         .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let outputs = std::sync::Mutex::new(Vec::new());
@@ -797,22 +816,50 @@ fn concurrent_streaming_clients_get_exactly_their_single_client_output() {
                     if i >= REQUESTS {
                         break;
                     }
-                    let (text, finish, _) =
+                    let (text, finish, usage) =
                         streamed_chat(&client.post("/v1/chat/completions", &request(i)));
-                    outputs.lock().unwrap().push((i, text, finish));
+                    outputs.lock().unwrap().push((i, text, finish, usage));
                 }
             });
         }
     });
     let outputs = outputs.into_inner().unwrap();
     assert_eq!(outputs.len(), REQUESTS);
-    for (i, text, finish) in outputs {
-        assert_eq!(text, alone[i % distinct], "request {i}");
+    for (i, text, finish, usage) in outputs {
+        let (alone_text, alone_tokens) = &alone[i % distinct];
+        assert_eq!(&text, alone_text, "request {i}");
+        assert_eq!(
+            &usage.unwrap()["completion_tokens"],
+            alone_tokens,
+            "request {i}"
+        );
         assert!(
             finish == "length" || finish == "stop",
             "request {i}: {finish}"
         );
     }
+    let metrics = server.get("/metrics", &[]).body;
+    // The pool was too small for 16 sequences: some were preempted and recomputed, and
+    // the shared chat-template prefix came from the cache.
+    assert!(
+        metric(&metrics, "lucebox:num_preemptions_total") > 0.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "lucebox:prefix_cache_hits_total") > 0.0,
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "lucebox:kv_cache_usage_perc"), 0.0);
+    assert_eq!(
+        metric(
+            &metrics,
+            "lucebox:request_success_total{finished_reason=\"length\"}"
+        ) + metric(
+            &metrics,
+            "lucebox:request_success_total{finished_reason=\"stop\"}"
+        ),
+        (REQUESTS + distinct) as f64
+    );
 }
 
 #[test]
