@@ -92,6 +92,23 @@ class OpenAiSdk(unittest.TestCase):
         )
         self.assertIn("Paris", completion.choices[0].text)
 
+    def test_logprobs_parse_as_the_sdk_types(self):
+        whole = self.client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=6,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        choice = whole.choices[0]
+        entries = choice.logprobs.content
+        self.assertEqual("".join(e.token for e in entries), choice.message.content)
+        for entry in entries:
+            self.assertLessEqual(entry.logprob, 0.0)
+            self.assertEqual(len(entry.top_logprobs), 2)
+            self.assertEqual(entry.top_logprobs[0].token, entry.token)
+
     def test_errors_raise_the_sdk_classes(self):
         with self.assertRaises(openai.BadRequestError) as caught:
             self.client.chat.completions.create(

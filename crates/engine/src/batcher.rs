@@ -27,7 +27,10 @@ use crate::speculative::{
     Draft, DraftInput, DraftLength, DraftPolicy, Drafter, MAX_DRAFT, Round, Scores, SpecStats,
     accept,
 };
-use crate::{BlockPool, Error, GenerationStats, Sampler, SequenceBlocks, StopReason};
+use crate::{
+    BlockPool, Error, GenerationStats, MAX_TOP_LOGPROBS, Sampler, SequenceBlocks, StopReason,
+    TokenLogprobs,
+};
 
 /// The sizes of a [`Batcher`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +63,20 @@ impl BatchConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SequenceId(pub u64);
 
+/// A sequence to generate.
+#[derive(Debug)]
+pub struct NewSequence {
+    /// The tokens it continues.
+    pub prompt: Vec<u32>,
+    /// How it chooses its tokens.
+    pub sampler: Sampler,
+    /// The most tokens it generates.
+    pub max_tokens: usize,
+    /// `Some(n)`: report each token's log-probability and the `n` most likely alternatives
+    /// (up to [`MAX_TOP_LOGPROBS`]). Such a sequence never speculates.
+    pub logprobs: Option<usize>,
+}
+
 /// What a step produced, in order for each sequence: tokens, then `Finished` once.
 #[derive(Clone, Debug)]
 pub enum Event {
@@ -69,6 +86,8 @@ pub enum Event {
         id: SequenceId,
         /// The token.
         token: u32,
+        /// Its log-probabilities, when the sequence asked for them.
+        logprobs: Option<Box<TokenLogprobs>>,
     },
     /// The sequence is done and its blocks are back in the pool.
     Finished {
@@ -101,14 +120,8 @@ pub struct Load {
 /// Many sequences advanced a step at a time, as a server runs them. Implemented by
 /// [`Batcher`]; the trait lets the server's tests drive a scripted stand-in.
 pub trait BatchEngine: Send {
-    /// Queues a sequence that continues `prompt` for up to `max_tokens` tokens, chosen by
-    /// `sampler`.
-    fn add(
-        &mut self,
-        prompt: Vec<u32>,
-        sampler: Sampler,
-        max_tokens: usize,
-    ) -> Result<SequenceId, Error>;
+    /// Queues a sequence.
+    fn add(&mut self, sequence: NewSequence) -> Result<SequenceId, Error>;
 
     /// Ends a sequence early, running or waiting (a stop string matched, or its client went
     /// away): frees its blocks and returns its `Finished` event, stopped by the caller; `None`
@@ -136,6 +149,7 @@ struct Sequence {
     blocks: SequenceBlocks,
     sampler: Sampler,
     max_tokens: usize,
+    logprobs: Option<usize>,
     generated: usize,
     /// Prompt tokens found in the prefix cache when first admitted.
     reused: Option<usize>,
@@ -188,6 +202,8 @@ pub struct Batcher<B: Backend> {
     batch: RaggedBatch,
     /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
+    /// One row as the model gave it, for log-probabilities after sampling transformed it.
+    raw_row: Vec<f32>,
     picks: Vec<u32>,
     running: Vec<Sequence>,
     waiting: VecDeque<Sequence>,
@@ -260,6 +276,7 @@ impl<B: Backend> Batcher<B> {
             workspace,
             batch: RaggedBatch::new(),
             logits: vec![0.0; vocab * logits_rows],
+            raw_row: Vec::new(),
             picks: vec![0; logits_rows],
             running: Vec::with_capacity(config.max_sequences),
             waiting: VecDeque::new(),
@@ -319,6 +336,7 @@ impl<B: Backend> Batcher<B> {
             let mut drafting = None;
             if decoding
                 && alone
+                && seq.logprobs.is_none()
                 && let Some(spec) = &mut self.speculation
             {
                 let seq = &mut self.running[index];
@@ -427,11 +445,10 @@ impl<B: Backend> Batcher<B> {
         let scored = self.plan.iter().filter(|p| p.scored);
         let (mut greedy, mut sampled) = (false, false);
         for p in scored {
-            if self.running[p.index].sampler.params().is_plain_greedy() {
-                greedy = true;
-            } else {
-                sampled = true;
-            }
+            let seq = &self.running[p.index];
+            let plain_greedy = seq.sampler.params().is_plain_greedy();
+            greedy |= plain_greedy;
+            sampled |= !plain_greedy || seq.logprobs.is_some();
         }
         let backend = self.model.backend();
         if greedy {
@@ -459,6 +476,7 @@ impl<B: Backend> Batcher<B> {
             if p.scored {
                 let before = seq.tokens.len();
                 let greedy = seq.sampler.params().is_plain_greedy();
+                let mut logprobs = None;
                 match (p.drafting, &mut self.speculation) {
                     (Some((k, draft_time)), Some(spec)) => {
                         let rows = p.count;
@@ -488,12 +506,21 @@ impl<B: Backend> Batcher<B> {
                         row += rows;
                     }
                     _ => {
+                        let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
                         let token = if greedy {
                             self.picks[row]
                         } else {
-                            let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+                            // Sampling transforms the row in place: the raw row is kept first.
+                            if seq.logprobs.is_some() {
+                                self.raw_row.clear();
+                                self.raw_row.extend_from_slice(logits);
+                            }
                             seq.sampler.sample(logits, &seq.tokens)
                         };
+                        if let Some(top) = seq.logprobs {
+                            let raw = if greedy { &*logits } else { &self.raw_row };
+                            logprobs = Some(Box::new(TokenLogprobs::of(raw, token, top)));
+                        }
                         seq.tokens.push(token);
                         row += 1;
                     }
@@ -503,7 +530,11 @@ impl<B: Backend> Batcher<B> {
                 let mut stop = None;
                 for &token in &seq.tokens[before..] {
                     seq.generated += 1;
-                    events.push(Event::Token { id: seq.id, token });
+                    events.push(Event::Token {
+                        id: seq.id,
+                        token,
+                        logprobs: logprobs.take(),
+                    });
                     if (self.is_end)(token) {
                         stop = Some(StopReason::EndOfGeneration);
                         break;
@@ -554,12 +585,13 @@ impl<B: Backend> BatchEngine for Batcher<B>
 where
     Batcher<B>: Send,
 {
-    fn add(
-        &mut self,
-        prompt: Vec<u32>,
-        sampler: Sampler,
-        max_tokens: usize,
-    ) -> Result<SequenceId, Error> {
+    fn add(&mut self, sequence: NewSequence) -> Result<SequenceId, Error> {
+        let NewSequence {
+            prompt,
+            sampler,
+            max_tokens,
+            logprobs,
+        } = sequence;
         let invalid = |name, why: String| Err(Error::InvalidParameter { name, why });
         if prompt.is_empty() {
             return invalid("prompt", "is empty".into());
@@ -590,6 +622,7 @@ where
             blocks: SequenceBlocks::new(),
             sampler,
             max_tokens,
+            logprobs: logprobs.map(|n| n.min(MAX_TOP_LOGPROBS)),
             generated: 0,
             reused: None,
             first_scheduled: None,

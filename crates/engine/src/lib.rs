@@ -32,15 +32,17 @@ mod batcher;
 mod error;
 mod generator;
 mod kv;
+mod logprobs;
 mod rng;
 mod sampling;
 mod session;
 pub mod speculative;
 
-pub use batcher::{BatchConfig, BatchEngine, Batcher, Event, Load, SequenceId};
+pub use batcher::{BatchConfig, BatchEngine, Batcher, Event, Load, NewSequence, SequenceId};
 pub use error::Error;
 pub use generator::Generator;
 pub use kv::{BlockPool, SequenceBlocks};
+pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprobs};
 pub use rng::Rng;
 pub use sampling::{Distribution, MAX_PENALTY_WINDOW, Sampler, SamplingParams};
 pub use session::{GenerationStats, Session, SessionConfig, StopReason};

@@ -7,8 +7,8 @@ use std::ops::ControlFlow;
 
 use lucebox_engine::speculative::{DraftPolicy, NgramDrafter};
 use lucebox_engine::{
-    BatchConfig, BatchEngine, Batcher, Event, GenerationStats, Rng, Sampler, SamplingParams,
-    SequenceId, Session, SessionConfig, StopReason,
+    BatchConfig, BatchEngine, Batcher, Event, GenerationStats, NewSequence, Rng, Sampler,
+    SamplingParams, SequenceId, Session, SessionConfig, StopReason,
 };
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
@@ -113,6 +113,15 @@ fn alone(
     out
 }
 
+fn sequence(prompt: &[u32], params: &SamplingParams, max_tokens: usize) -> NewSequence {
+    NewSequence {
+        prompt: prompt.to_vec(),
+        sampler: Sampler::new(params.clone()),
+        max_tokens,
+        logprobs: None,
+    }
+}
+
 /// Runs every request through `batcher`, adding request `i` before step `arrivals[i]`, and
 /// returns each one's tokens and statistics.
 fn run_batched(
@@ -128,9 +137,7 @@ fn run_batched(
     while out.iter().any(|(_, done)| done.is_none()) {
         for (i, (prompt, params, max)) in requests.iter().enumerate() {
             if arrivals[i] == step {
-                let id = batcher
-                    .add(prompt.clone(), Sampler::new(params.clone()), *max)
-                    .unwrap();
+                let id = batcher.add(sequence(prompt, params, *max)).unwrap();
                 ids.push((id, i));
             }
         }
@@ -256,11 +263,7 @@ fn a_stopped_sequence_frees_its_blocks_and_the_others_go_on() {
     let ids: Vec<SequenceId> = requests
         .iter()
         .take(3)
-        .map(|(p, params, n)| {
-            batcher
-                .add(p.clone(), Sampler::new(params.clone()), *n)
-                .unwrap()
-        })
+        .map(|(p, params, n)| batcher.add(sequence(p, params, *n)).unwrap())
         .collect();
     let mut events = Vec::new();
     batcher.step(&mut events).unwrap();
@@ -281,7 +284,7 @@ fn a_stopped_sequence_frees_its_blocks_and_the_others_go_on() {
         events.clear();
         batcher.step(&mut events).unwrap();
         for event in &events {
-            if let Event::Token { id, token } = event {
+            if let Event::Token { id, token, .. } = event {
                 assert_ne!(*id, ids[1], "a cancelled sequence produced a token");
                 tokens[ids.iter().position(|i| i == id).unwrap()].push(*token);
             }
@@ -325,7 +328,7 @@ fn a_lone_sequence_speculates_and_its_output_does_not_change() {
     )
     .unwrap();
     let mut events = Vec::new();
-    batcher.add(prompt, Sampler::new(params), 40).unwrap();
+    batcher.add(sequence(&prompt, &params, 40)).unwrap();
     let mut tokens = Vec::new();
     let mut spec = None;
     while spec.is_none() {
@@ -341,4 +344,40 @@ fn a_lone_sequence_speculates_and_its_output_does_not_change() {
     assert_eq!(tokens, expected);
     let spec = spec.unwrap();
     assert!(spec.drafted_tokens() > 0, "nothing was drafted: {spec:?}");
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn logprobs_leave_the_tokens_alone_and_describe_each_one() {
+    let (_, model) = common::load(MODEL);
+    let requests = mixed_requests(model.config().vocab);
+    let mut batcher = batcher(&model, 64, 4, 512);
+    let mut expected = Vec::new();
+    for (prompt, params, n) in requests.iter().take(3) {
+        expected.push(alone(&model, prompt, params, *n));
+        let mut sequence = sequence(prompt, params, *n);
+        sequence.logprobs = Some(4);
+        batcher.add(sequence).unwrap();
+    }
+    let mut tokens = vec![Vec::new(); 3];
+    let mut events = Vec::new();
+    while batcher.load().running + batcher.load().waiting > 0 {
+        events.clear();
+        batcher.step(&mut events).unwrap();
+        for event in &events {
+            if let Event::Token {
+                id,
+                token,
+                logprobs,
+            } = event
+            {
+                let logprobs = logprobs.as_ref().expect("asked for");
+                assert_eq!(logprobs.top.len(), 4);
+                assert!(logprobs.logprob <= 0.0);
+                assert!(logprobs.top[0].1 >= logprobs.logprob);
+                tokens[id.0 as usize].push(*token);
+            }
+        }
+    }
+    assert_eq!(tokens, expected);
 }

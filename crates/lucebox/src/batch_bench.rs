@@ -4,7 +4,9 @@
 use std::time::Instant;
 
 use anyhow::bail;
-use lucebox_engine::{BatchConfig, BatchEngine, Batcher, Event, Rng, Sampler, SamplingParams};
+use lucebox_engine::{
+    BatchConfig, BatchEngine, Batcher, Event, NewSequence, Rng, Sampler, SamplingParams,
+};
 
 use crate::bench::median;
 use crate::load::Loaded;
@@ -44,11 +46,14 @@ pub(crate) fn run(
             for _ in 0..sequences {
                 // Random token ids, as llama-bench uses; distinct, so the prefix cache finds
                 // nothing.
-                let prompt = (0..prompt_tokens)
-                    .map(|_| (rng.next_u64() % vocab) as u32)
-                    .collect();
-                let sampler = Sampler::new(SamplingParams::default());
-                batcher.add(prompt, sampler, gen_tokens + 1)?;
+                batcher.add(NewSequence {
+                    prompt: (0..prompt_tokens)
+                        .map(|_| (rng.next_u64() % vocab) as u32)
+                        .collect(),
+                    sampler: Sampler::new(SamplingParams::default()),
+                    max_tokens: gen_tokens + 1,
+                    logprobs: None,
+                })?;
             }
             let started = Instant::now();
             let mut first_tokens = 0;

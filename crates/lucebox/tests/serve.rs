@@ -351,6 +351,104 @@ fn a_stop_string_ends_the_text_before_it() {
     }
 }
 
+/// Log-probabilities in both APIs' shapes: one entry per generated token, spelling out the
+/// text; greedy picks the most likely token, so it leads its own alternatives.
+#[test]
+fn logprobs_come_per_token_in_each_api_s_shape() {
+    let server = Server::start(&[]);
+    let ask = chat(
+        "Name three colours.",
+        json!({"max_tokens": 10, "logprobs": true, "top_logprobs": 3}),
+    );
+    let body = server.post("/v1/chat/completions", &ask).json();
+    let choice = &body["choices"][0];
+    let text = choice["message"]["content"].as_str().unwrap();
+    let entries = choice["logprobs"]["content"].as_array().unwrap();
+    // Every generated token but an end-of-generation one, which has no text.
+    let ended = u64::from(choice["finish_reason"] == "stop");
+    assert_eq!(
+        entries.len() as u64,
+        body["usage"]["completion_tokens"].as_u64().unwrap() - ended
+    );
+    let spelled: String = entries
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(spelled, text);
+    for e in entries {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(
+            top[0]["token"], e["token"],
+            "greedy takes the most likely: {e}"
+        );
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+        let logprob = e["logprob"].as_f64().unwrap();
+        assert!(logprob <= 0.0 && logprob.is_finite());
+        assert!(
+            top.windows(2)
+                .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64())
+        );
+        let bytes: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            e["token"].as_str().unwrap()
+        );
+    }
+
+    // Streamed: the same entries, spread over the chunks.
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let reply = server.post("/v1/chat/completions", &streamed);
+    let streamed_entries: Vec<Value> = reply
+        .events()
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(&streamed_entries, entries);
+
+    // Text completions: parallel lists and offsets into the generated text.
+    let reply = server.post(
+        "/v1/completions",
+        &json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 2}),
+    );
+    let choice = &reply.json()["choices"][0];
+    let logprobs = &choice["logprobs"];
+    let tokens: Vec<&str> = logprobs["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), choice["text"].as_str().unwrap());
+    let offsets: Vec<usize> = serde_json::from_value(logprobs["text_offset"].clone()).unwrap();
+    assert_eq!(offsets[0], 0);
+    for (i, token) in tokens.iter().enumerate().skip(1) {
+        assert_eq!(
+            offsets[i],
+            offsets[i - 1] + tokens[i - 1].chars().count(),
+            "{token}"
+        );
+    }
+    assert_eq!(
+        logprobs["token_logprobs"].as_array().unwrap().len(),
+        tokens.len()
+    );
+    for top in logprobs["top_logprobs"].as_array().unwrap() {
+        assert_eq!(top.as_object().unwrap().len(), 2);
+    }
+
+    // Asked wrongly: a clear 400 naming the parameter.
+    let bad = server.post(
+        "/v1/chat/completions",
+        &chat("hi", json!({"top_logprobs": 2})),
+    );
+    assert_eq!(bad.error(400)["param"], "top_logprobs");
+}
+
 #[test]
 fn text_completions_tokenize_detokenize_models_and_props() {
     let server = Server::start(&[]);

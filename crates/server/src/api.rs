@@ -1,6 +1,6 @@
 //! The OpenAI request bodies this server takes, checked and turned into a generation.
 
-use lucebox_engine::SamplingParams;
+use lucebox_engine::{MAX_TOP_LOGPROBS, SamplingParams};
 use lucebox_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde::Deserialize;
 
@@ -158,7 +158,48 @@ pub(crate) fn chat(body: &[u8], model: &Model) -> Result<Generation, ApiError> {
         .render(&messages, true)
         .map_err(|e| ApiError::invalid_param("messages", format!("chat template: {e}")))?;
     let prompt = model.tokenizer.encode_prompt(&text, true);
-    generation(prompt, request.common, model)
+    let logprobs = chat_logprobs(&request.common)?;
+    generation(prompt, request.common, logprobs, model)
+}
+
+/// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20, only with `logprobs`).
+fn chat_logprobs(common: &Common) -> Result<Option<usize>, ApiError> {
+    let wanted = match &common.logprobs {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => false,
+        Some(serde_json::Value::Bool(true)) => true,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                "logprobs must be true or false",
+            ));
+        }
+    };
+    match (wanted, common.top_logprobs) {
+        (_, Some(n)) if n > MAX_TOP_LOGPROBS as u64 => Err(ApiError::invalid_param(
+            "top_logprobs",
+            format!("top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}"),
+        )),
+        (false, Some(n)) if n > 0 => Err(ApiError::invalid_param(
+            "top_logprobs",
+            "top_logprobs requires logprobs: true",
+        )),
+        (false, _) => Ok(None),
+        (true, n) => Ok(Some(n.unwrap_or(0) as usize)),
+    }
+}
+
+/// The completions API's `logprobs`: how many alternatives to report with each token.
+fn completion_logprobs(common: &Common) -> Result<Option<usize>, ApiError> {
+    match &common.logprobs {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(value) => match value.as_u64() {
+            Some(n) if n <= MAX_TOP_LOGPROBS as u64 => Ok(Some(n as usize)),
+            _ => Err(ApiError::invalid_param(
+                "logprobs",
+                format!("logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}"),
+            )),
+        },
+    }
 }
 
 /// A `/v1/completions` body.
@@ -185,10 +226,16 @@ pub(crate) fn completion(body: &[u8], model: &Model) -> Result<Generation, ApiEr
             format!("token id {bad} is not below the vocabulary size {vocab}"),
         ));
     }
-    generation(prompt, request.common, model)
+    let logprobs = completion_logprobs(&request.common)?;
+    generation(prompt, request.common, logprobs, model)
 }
 
-fn generation(prompt: Vec<u32>, common: Common, model: &Model) -> Result<Generation, ApiError> {
+fn generation(
+    prompt: Vec<u32>,
+    common: Common,
+    logprobs: Option<usize>,
+    model: &Model,
+) -> Result<Generation, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
     }
@@ -212,17 +259,6 @@ fn generation(prompt: Vec<u32>, common: Common, model: &Model) -> Result<Generat
                 "response_format {:?} is not supported: only \"text\"",
                 format.kind
             ),
-        ));
-    }
-    if common
-        .logprobs
-        .as_ref()
-        .is_some_and(|l| *l != serde_json::Value::Bool(false) && !l.is_null())
-        || common.top_logprobs.is_some_and(|n| n > 0)
-    {
-        return Err(ApiError::invalid_param(
-            "logprobs",
-            "logprobs are not supported yet",
         ));
     }
     let room = model.context - prompt.len();
@@ -294,6 +330,7 @@ fn generation(prompt: Vec<u32>, common: Common, model: &Model) -> Result<Generat
             params,
             max_tokens,
             stop,
+            logprobs,
         },
         stream: common.stream.unwrap_or(false),
         include_usage: common
@@ -330,6 +367,38 @@ mod tests {
         let huge = parse_common(r#"{"max_tokens": 18446744073709551615, "top_k": -3}"#).unwrap();
         assert_eq!(huge.max_tokens, Some(u64::MAX));
         assert_eq!(huge.top_k, Some(-3));
+    }
+
+    #[test]
+    fn logprobs_follow_each_api_s_shape() {
+        let chat = |body: &str| chat_logprobs(&parse_common(body).unwrap());
+        assert_eq!(chat("{}").unwrap(), None);
+        assert_eq!(chat(r#"{"logprobs": true}"#).unwrap(), Some(0));
+        assert_eq!(
+            chat(r#"{"logprobs": true, "top_logprobs": 5}"#).unwrap(),
+            Some(5)
+        );
+        assert_eq!(
+            chat(r#"{"logprobs": false, "top_logprobs": 0}"#).unwrap(),
+            None
+        );
+        for bad in [
+            r#"{"top_logprobs": 2}"#,
+            r#"{"logprobs": true, "top_logprobs": 21}"#,
+            r#"{"logprobs": 3}"#,
+        ] {
+            assert!(chat(bad).is_err(), "{bad}");
+        }
+        let text = |body: &str| completion_logprobs(&parse_common(body).unwrap());
+        assert_eq!(text(r#"{"logprobs": 3}"#).unwrap(), Some(3));
+        assert_eq!(text(r#"{"logprobs": null}"#).unwrap(), None);
+        for bad in [
+            r#"{"logprobs": true}"#,
+            r#"{"logprobs": 21}"#,
+            r#"{"logprobs": -1}"#,
+        ] {
+            assert!(text(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::api::{self, Generation};
 use crate::error::ApiError;
-use crate::worker::{self, Event, Finish, Job};
+use crate::worker::{self, Event, Finish, Job, Logprob};
 use crate::{Ready, State};
 
 /// A response body: whole, or streamed from a channel.
@@ -260,27 +260,92 @@ impl Kind {
         }
     }
 
-    /// One choice carrying `text` (a delta when streaming).
-    fn choice(self, text: Option<&str>, finish: Option<&str>, stream: bool) -> Value {
+    /// One choice carrying `text` (a delta when streaming) and its tokens' `logprobs`.
+    fn choice(
+        self,
+        text: Option<&str>,
+        finish: Option<&str>,
+        stream: bool,
+        logprobs: Option<Value>,
+    ) -> Value {
+        let logprobs = logprobs.unwrap_or(Value::Null);
         match (self, stream) {
             (Kind::Chat, false) => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text.unwrap_or("")},
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
             (Kind::Chat, true) => json!({
                 "index": 0,
                 "delta": text.map_or(json!({}), |t| json!({"content": t})),
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
             (Kind::Text, _) => json!({
                 "index": 0,
                 "text": text.unwrap_or(""),
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
+        }
+    }
+}
+
+/// Renders log-probabilities in the shape of the request's API: chat's `content` entries, or
+/// the completions API's parallel lists with each token's offset in the generated text.
+struct LogprobsWriter {
+    kind: Kind,
+    /// Characters of generated text before the next token.
+    offset: usize,
+}
+
+impl LogprobsWriter {
+    fn render(&mut self, entries: &[Logprob]) -> Value {
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let top: Vec<Value> = e
+                            .top
+                            .iter()
+                            .map(|(t, l)| json!({"token": t.text, "logprob": l, "bytes": t.bytes}))
+                            .collect();
+                        json!({
+                            "token": e.token.text,
+                            "logprob": e.logprob,
+                            "bytes": e.token.bytes,
+                            "top_logprobs": top,
+                        })
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+            Kind::Text => {
+                let mut offsets = Vec::with_capacity(entries.len());
+                for e in entries {
+                    offsets.push(self.offset);
+                    self.offset += e.token.text.chars().count();
+                }
+                let top: Vec<Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let map: serde_json::Map<String, Value> = e
+                            .top
+                            .iter()
+                            .map(|(t, l)| (t.text.clone(), json!(l)))
+                            .collect();
+                        Value::Object(map)
+                    })
+                    .collect();
+                json!({
+                    "tokens": entries.iter().map(|e| &e.token.text).collect::<Vec<_>>(),
+                    "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": top,
+                    "text_offset": offsets,
+                })
+            }
         }
     }
 }
@@ -312,6 +377,10 @@ async fn complete(
     kind: Kind,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let (events, mut received) = worker::events();
+    let mut logprobs = generation
+        .request
+        .logprobs
+        .map(|_| LogprobsWriter { kind, offset: 0 });
     let job = Job {
         request: generation.request,
         events,
@@ -341,14 +410,21 @@ async fn complete(
     };
     if !generation.stream {
         let mut text = String::new();
+        let mut entries = Vec::new();
         loop {
             match received.recv().await {
-                Some(Event::Text(piece)) => text.push_str(&piece),
+                Some(Event::Text {
+                    text: piece,
+                    logprobs: more,
+                }) => {
+                    text.push_str(&piece);
+                    entries.extend(more);
+                }
                 Some(Event::Done(finish)) => {
-                    let mut body = envelope.wrap(
-                        false,
-                        json!([kind.choice(Some(&text), Some(finish.reason.as_str()), false)]),
-                    );
+                    let logprobs = logprobs.as_mut().map(|w| w.render(&entries));
+                    let choice =
+                        kind.choice(Some(&text), Some(finish.reason.as_str()), false, logprobs);
+                    let mut body = envelope.wrap(false, json!([choice]));
                     body["usage"] = usage(&finish);
                     body["timings"] = timings(&finish);
                     return Ok(json_response(StatusCode::OK, &body));
@@ -378,8 +454,13 @@ async fn complete(
         }
         let failure = loop {
             match received.recv().await {
-                Some(Event::Text(piece)) => {
-                    let chunk = envelope.wrap(true, json!([kind.choice(Some(&piece), None, true)]));
+                Some(Event::Text {
+                    text: piece,
+                    logprobs: entries,
+                }) => {
+                    let logprobs = logprobs.as_mut().map(|w| w.render(&entries));
+                    let choice = kind.choice(Some(&piece), None, true, logprobs);
+                    let chunk = envelope.wrap(true, json!([choice]));
                     if !send(chunk.to_string()).await {
                         return;
                     }
@@ -387,7 +468,7 @@ async fn complete(
                 Some(Event::Done(finish)) => {
                     let mut last = envelope.wrap(
                         true,
-                        json!([kind.choice(None, Some(finish.reason.as_str()), true)]),
+                        json!([kind.choice(None, Some(finish.reason.as_str()), true, None)]),
                     );
                     last["timings"] = timings(&finish);
                     if !send(last.to_string()).await {

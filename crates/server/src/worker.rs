@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use lucebox_engine::speculative::SpecStats;
 use lucebox_engine::{
-    BatchEngine, Event as EngineEvent, Sampler, SamplingParams, SequenceId, StopReason,
+    BatchEngine, Event as EngineEvent, NewSequence, Sampler, SamplingParams, SequenceId,
+    StopReason, TokenLogprobs,
 };
 use lucebox_tokenizer::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
@@ -26,6 +27,8 @@ pub(crate) struct Request {
     pub params: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// `Some(n)`: report each token's log-probability with `n` alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// A request queued for the engine, with where its events go.
@@ -42,9 +45,40 @@ pub(crate) struct Job {
 /// What the engine sends back for a job, in order: text, then one `Done` or `Failed`.
 #[derive(Debug)]
 pub(crate) enum Event {
-    Text(String),
+    /// Text as it is released (after stop strings could no longer begin in it), with the
+    /// log-probabilities of the tokens produced since the last `Text`, when requested.
+    Text {
+        text: String,
+        logprobs: Vec<Logprob>,
+    },
     Done(Finish),
     Failed(String),
+}
+
+/// One generated token's log-probabilities, spelled out for a response.
+#[derive(Debug)]
+pub(crate) struct Logprob {
+    pub token: Spelling,
+    pub logprob: f32,
+    /// The most likely tokens, most likely first.
+    pub top: Vec<(Spelling, f32)>,
+}
+
+/// A token as responses show it: its text (invalid UTF-8 replaced) and its bytes.
+#[derive(Debug)]
+pub(crate) struct Spelling {
+    pub text: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Spelling {
+    fn of(tokenizer: &Tokenizer, token: u32) -> Spelling {
+        let bytes = tokenizer.token_bytes(token).unwrap_or_default().to_vec();
+        Spelling {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            bytes,
+        }
+    }
 }
 
 /// Why a generation ended, as OpenAI names it.
@@ -178,7 +212,12 @@ pub(crate) fn self_test(engine: &mut dyn BatchEngine, tokenizer: &Tokenizer) -> 
     let prompt = vec![tokenizer.bos().unwrap_or(0)];
     let fail = |e: lucebox_engine::Error| format!("self-test: {e}");
     engine
-        .add(prompt, Sampler::new(SamplingParams::default()), 1)
+        .add(NewSequence {
+            prompt,
+            sampler: Sampler::new(SamplingParams::default()),
+            max_tokens: 1,
+            logprobs: None,
+        })
         .map_err(fail)?;
     let mut events = Vec::new();
     // One step prefills and samples; a second would mean the engine did not finish it.
@@ -208,6 +247,20 @@ struct Active {
     stops: StopMatcher,
     stopped_by_text: bool,
     last_token: Option<Instant>,
+    /// Log-probabilities of tokens whose text is not released yet.
+    logprobs: Vec<Logprob>,
+}
+
+impl Active {
+    /// Sends `text` with the pending log-probabilities, unless there is neither; `false` when
+    /// the client has gone.
+    fn send(&mut self, text: String) -> bool {
+        if text.is_empty() && self.logprobs.is_empty() {
+            return true;
+        }
+        let logprobs = std::mem::take(&mut self.logprobs);
+        self.job.events.send(Event::Text { text, logprobs }).is_ok()
+    }
 }
 
 struct Worker {
@@ -273,11 +326,12 @@ impl Worker {
         }
         self.metrics.observe(Latency::Queue, job.arrived.elapsed());
         let request = &job.request;
-        let added = self.engine.add(
-            request.prompt.clone(),
-            Sampler::new(request.params.clone()),
-            request.max_tokens,
-        );
+        let added = self.engine.add(NewSequence {
+            prompt: request.prompt.clone(),
+            sampler: Sampler::new(request.params.clone()),
+            max_tokens: request.max_tokens,
+            logprobs: request.logprobs,
+        });
         match added {
             Ok(id) => {
                 let stops = StopMatcher::new(request.stop.clone());
@@ -288,6 +342,7 @@ impl Worker {
                         stops,
                         stopped_by_text: false,
                         last_token: None,
+                        logprobs: Vec::new(),
                         job,
                         _ticket: ticket,
                     },
@@ -326,7 +381,11 @@ impl Worker {
 
     fn dispatch(&mut self, event: EngineEvent) {
         match event {
-            EngineEvent::Token { id, token } => self.token(id, token),
+            EngineEvent::Token {
+                id,
+                token,
+                logprobs,
+            } => self.token(id, token, logprobs.as_deref()),
             EngineEvent::Finished { id, stats, spec } => {
                 if let Some(active) = self.active.remove(&id) {
                     self.finish(active, stats, spec.as_deref());
@@ -335,7 +394,7 @@ impl Worker {
         }
     }
 
-    fn token(&mut self, id: SequenceId, token: u32) {
+    fn token(&mut self, id: SequenceId, token: u32, logprobs: Option<&TokenLogprobs>) {
         // Tokens after a stop string in the same step belong to no request any more.
         let Some(active) = self.active.get_mut(&id) else {
             return;
@@ -351,13 +410,19 @@ impl Worker {
         if self.tokenizer.is_end_of_generation(token) {
             return;
         }
+        if let Some(logprobs) = logprobs {
+            let spell = |t| Spelling::of(&self.tokenizer, t);
+            active.logprobs.push(Logprob {
+                token: spell(token),
+                logprob: logprobs.logprob,
+                top: logprobs.top.iter().map(|&(t, l)| (spell(t), l)).collect(),
+            });
+        }
         let matched = active
             .stops
             .push(&active.decoder.push(token).unwrap_or_default());
-        if !matched.text.is_empty() {
-            // A client that has gone is noticed before the next step.
-            let _ = active.job.events.send(Event::Text(matched.text));
-        }
+        // A client that has gone is noticed before the next step.
+        let _ = active.send(matched.text);
         if matched.stopped {
             active.stopped_by_text = true;
             if let Some(EngineEvent::Finished { stats, spec, .. }) = self.engine.stop(id) {
@@ -385,9 +450,7 @@ impl Worker {
                 tail.text + &active.stops.finish()
             };
             stopped_by_text = tail.stopped;
-            if !text.is_empty() {
-                let _ = active.job.events.send(Event::Text(text));
-            }
+            let _ = active.send(text);
         }
         let reason = match stats.stop {
             StopReason::EndOfGeneration | StopReason::Caller => FinishReason::Stop,
@@ -439,6 +502,7 @@ mod tests {
             params: SamplingParams::default(),
             max_tokens,
             stop: stop.iter().map(|s| s.to_string()).collect(),
+            logprobs: None,
         };
         let job = Job {
             request,
@@ -486,10 +550,12 @@ mod tests {
     }
 
     impl BatchEngine for Scripted {
-        fn add(&mut self, prompt: Vec<u32>, _: Sampler, max: usize) -> Result<SequenceId, Error> {
+        fn add(&mut self, sequence: NewSequence) -> Result<SequenceId, Error> {
             let id = SequenceId(self.next_id);
             self.next_id += 1;
-            self.running.push((id, prompt.len(), max, 0));
+            let prompt_tokens = sequence.prompt.len();
+            self.running
+                .push((id, prompt_tokens, sequence.max_tokens, 0));
             Ok(id)
         }
 
@@ -506,7 +572,11 @@ mod tests {
                 let (id, _, max, generated) = &mut self.running[index];
                 let token = self.script[*generated % self.script.len()];
                 *generated += 1;
-                events.push(EngineEvent::Token { id: *id, token });
+                events.push(EngineEvent::Token {
+                    id: *id,
+                    token,
+                    logprobs: None,
+                });
                 let stop = if Some(token) == self.end {
                     Some(StopReason::EndOfGeneration)
                 } else if generated == max {
@@ -542,8 +612,8 @@ mod tests {
     struct Panicking(Box<Scripted>);
 
     impl BatchEngine for Panicking {
-        fn add(&mut self, prompt: Vec<u32>, s: Sampler, max: usize) -> Result<SequenceId, Error> {
-            self.0.add(prompt, s, max)
+        fn add(&mut self, sequence: NewSequence) -> Result<SequenceId, Error> {
+            self.0.add(sequence)
         }
 
         fn stop(&mut self, id: SequenceId) -> Option<EngineEvent> {
@@ -567,7 +637,7 @@ mod tests {
         let mut text = String::new();
         while let Some(event) = received.blocking_recv() {
             match event {
-                Event::Text(piece) => text.push_str(&piece),
+                Event::Text { text: piece, .. } => text.push_str(&piece),
                 Event::Done(finish) => return (text, Some(finish)),
                 Event::Failed(message) => panic!("failed: {message}"),
             }
