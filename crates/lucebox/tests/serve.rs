@@ -289,7 +289,7 @@ fn chat_streamed_and_not_gives_the_same_text_usage_and_timings() {
     assert!(prompt_tokens > 5);
     assert_eq!(usage["total_tokens"].as_u64(), Some(prompt_tokens + 12));
     let timings = &body["timings"];
-    assert_eq!(timings["predicted_n"], 11);
+    assert_eq!(timings["predicted_n"], 12);
     // Nothing was cached before: the one-token self-test fills no whole KV block.
     assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(timings["prompt_n"].as_u64(), Some(prompt_tokens));

@@ -514,8 +514,9 @@ fn usage(finish: &Finish) -> Value {
 fn timings(finish: &Finish) -> Value {
     let prompt_ms = finish.prompt_time.as_secs_f64() * 1e3;
     let predicted_ms = finish.decode_time.as_secs_f64() * 1e3;
-    // The first token comes with the prompt pass; the rest are decoding.
-    let predicted_n = finish.completion_tokens.saturating_sub(1);
+    // As llama.cpp counts: every generated token, although the first one's time is in
+    // `prompt_ms` (it comes out of the prompt's pass).
+    let predicted_n = finish.completion_tokens;
     let fed = finish.prompt_tokens - finish.cached_tokens;
     json!({
         "prompt_n": fed,
