@@ -72,6 +72,30 @@ unsafe fn dot_tile<K: RowsKernel>(weight: &[u8], activations: &[u8], out: &mut [
     }
 }
 
+/// The AVX2 kernels of format `F` for several rows: 16 vector registers hold four rows' sums.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2Rows<F>(std::marker::PhantomData<F>);
+
+/// The AVX-512 kernels of format `F` for several rows: 32 vector registers hold eight rows' sums.
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx512Rows<F>(std::marker::PhantomData<F>);
+
+/// Implements [`RowsKernel`] for `$kernels` with the const-generic kernel `$dot`.
+macro_rules! rows_kernel {
+    ($($kernels:ty => $dot:path, $max_rows:literal;)*) => {$(
+        #[cfg(target_arch = "x86_64")]
+        impl $crate::format::RowsKernel for $kernels {
+            const MAX_ROWS: usize = $max_rows;
+            unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+                // SAFETY: the caller checked the CPU and the lengths.
+                unsafe { $dot(weight, activations) }
+            }
+        }
+    )*};
+}
+
+pub(crate) use rows_kernel;
+
 /// One weight storage format: its block layout and its kernels.
 ///
 /// The portable functions are the reference every SIMD kernel is tested against.

@@ -22,7 +22,7 @@ use crate::activation::{ActivationFormat, split256, sums_of_16};
 use crate::bytes::{f16_at, f32_at};
 use crate::format::Format;
 #[cfg(target_arch = "x86_64")]
-use crate::format::{DotFn, RowsKernel, Tile};
+use crate::format::{Avx2Rows, Avx512Rows, DotFn, Tile, rows_kernel};
 
 /// The eight 6-bit scales and eight 6-bit minimums packed in the 12 bytes of Q4_K and Q5_K.
 pub(crate) fn scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -233,28 +233,6 @@ impl Format for Q6K {
     // With AVX2's 16 vector registers, four rows spill and gain under 10%.
     #[cfg(target_arch = "x86_64")]
     const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<Q6K>>());
-}
-
-/// The AVX2 kernels of format `F` for several rows: 16 vector registers hold four rows' sums.
-#[cfg(target_arch = "x86_64")]
-struct Avx2Rows<F>(std::marker::PhantomData<F>);
-
-/// The AVX-512 kernels of format `F` for several rows: 32 vector registers hold eight rows' sums.
-#[cfg(target_arch = "x86_64")]
-struct Avx512Rows<F>(std::marker::PhantomData<F>);
-
-/// Implements [`RowsKernel`] for `$kernels` with the const-generic kernel `$dot`.
-macro_rules! rows_kernel {
-    ($($kernels:ty => $dot:path, $max_rows:literal;)*) => {$(
-        #[cfg(target_arch = "x86_64")]
-        impl RowsKernel for $kernels {
-            const MAX_ROWS: usize = $max_rows;
-            unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-                // SAFETY: the caller checked the CPU and the lengths.
-                unsafe { $dot(weight, activations) }
-            }
-        }
-    )*};
 }
 
 rows_kernel! {

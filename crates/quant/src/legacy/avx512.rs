@@ -11,9 +11,11 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{Bias, GROUP, activation_field, groups, weight_scales};
+use super::avx2::{Bias, GROUP, activation_field, weight_scales};
 use crate::activation::split32;
-use crate::simd::{array, load128, load256, load512, prefetch_ahead, sum_f32x8, sum_f32x16};
+use crate::simd::{
+    array, load128, load256, load512, prefetch_ahead_of_rows, sum_f32x8, sum_f32x16,
+};
 
 // One 64-byte load takes both parts of a block.
 const _: () = assert!(split32::PARTS[0].values == 0 && split32::PARTS[1].values == 32);
@@ -65,35 +67,56 @@ fn activation_scales(blocks: &[[u8; split32::BYTES]; GROUP]) -> __m512 {
     unsafe { _mm512_i32gather_ps::<1>(offsets, blocks.as_ptr().cast()) }
 }
 
-/// The dot product of `weight`, legacy blocks of `BYTES` bytes whose `bias` is folded in
-/// through the activation sums, with `activation`; `products(w, x)` unpacks one block's values
-/// and multiplies them with both parts of its activations.
+/// The dot products of `weight`, legacy blocks of `BYTES` bytes whose `bias` is folded in
+/// through the activation sums, with `R` activation rows; `values(w)` unpacks one block's
+/// unsigned values into both halves of a vector, once for all the rows. Each row's arithmetic
+/// is the same whatever `R`, so every row's result equals its single-row dot product, bit for
+/// bit.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-fn dot_blocks<const BYTES: usize>(
+fn dot_blocks<const BYTES: usize, const R: usize>(
     weight: &[u8],
-    activation: &[u8],
+    activations: [&[u8]; R],
     bias: Bias,
-    products: impl Fn(&[u8; BYTES], &[u8; split32::BYTES]) -> __m512i,
-) -> f32 {
+    values: impl Fn(&[u8; BYTES]) -> __m512i,
+) -> [f32; R] {
     // Each block's weight scale, in block_sums' order.
     let weight_lanes = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7);
-    let mut acc = _mm512_setzero_ps();
-    let mut bias_acc = _mm256_setzero_ps();
-    for (w, x) in groups(weight, activation, &mut None) {
-        let mut blocks = [_mm512_setzero_si512(); GROUP];
-        for ((block, w), x) in blocks.iter_mut().zip(w).zip(x) {
-            prefetch_ahead(w);
-            *block = products(w, x);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut bias_acc = [_mm256_setzero_ps(); R];
+    let (weight_groups, weight_rest) = weight.as_chunks::<BYTES>().0.as_chunks::<GROUP>();
+    let rows = activations.map(|a| a.as_chunks::<{ split32::BYTES }>().0.as_chunks::<GROUP>());
+    // The last group of a row, padded with zero blocks, which add nothing.
+    let mut padded_weights = [[0; BYTES]; GROUP];
+    let mut padded_rows = [[[0; split32::BYTES]; GROUP]; R];
+    if !weight_rest.is_empty() {
+        padded_weights[..weight_rest.len()].copy_from_slice(weight_rest);
+        for (padded, (_, rest)) in padded_rows.iter_mut().zip(&rows) {
+            padded[..rest.len()].copy_from_slice(rest);
         }
+    }
+    let tail = (!weight_rest.is_empty()).then_some(weight_groups.len());
+    for g in (0..weight_groups.len()).chain(tail) {
+        let w = weight_groups.get(g).unwrap_or(&padded_weights);
+        let q: [__m512i; GROUP] = std::array::from_fn(|b| {
+            prefetch_ahead_of_rows::<R>(&w[b]);
+            values(&w[b])
+        });
         let (d, weight_bias) = weight_scales(w, bias);
         let d = _mm512_permutexvar_ps(weight_lanes, _mm512_castps256_ps512(d));
-        let scales = _mm512_mul_ps(d, activation_scales(x));
-        acc = _mm512_fmadd_ps(scales, _mm512_cvtepi32_ps(block_sums(blocks)), acc);
-        let activation_sum = activation_field(x, split32::SUM);
-        bias_acc = _mm256_fmadd_ps(weight_bias, activation_sum, bias_acc);
+        for (r, ((acc, bias_acc), (groups, _))) in
+            acc.iter_mut().zip(&mut bias_acc).zip(&rows).enumerate()
+        {
+            let x = groups.get(g).unwrap_or(&padded_rows[r]);
+            let products: [__m512i; GROUP] =
+                std::array::from_fn(|b| unsigned_products(q[b], &x[b]));
+            let scales = _mm512_mul_ps(d, activation_scales(x));
+            *acc = _mm512_fmadd_ps(scales, _mm512_cvtepi32_ps(block_sums(products)), *acc);
+            let activation_sum = activation_field(x, split32::SUM);
+            *bias_acc = _mm256_fmadd_ps(weight_bias, activation_sum, *bias_acc);
+        }
     }
-    sum_f32x16(acc) + sum_f32x8(bias_acc)
+    std::array::from_fn(|r| sum_f32x16(acc[r]) + sum_f32x8(bias_acc[r]))
 }
 
 /// The 32 nibbles of 16 bytes, in both halves: the low ones are elements 0..16, the high ones
@@ -124,38 +147,33 @@ fn unsigned_products(q: __m512i, x: &[u8; split32::BYTES]) -> __m512i {
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(array(x, 0)))
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<18>(weight, activation, Bias::Offset(-8.0), |w, x| {
-        unsigned_products(nibbles(array(w, 2)), x)
-    })
+/// Implements, for each legacy format, the dot product for one activation row and the
+/// const-generic one for `R` rows, both on [`dot_blocks`].
+macro_rules! legacy_kernels {
+    ($($dot:ident, $dot_rows:ident: $bytes:literal, $bias:expr, |$w:ident| $values:expr;)*) => {$(
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(super) fn $dot(weight: &[u8], activation: &[u8]) -> f32 {
+            $dot_rows::<1>(weight, [activation])[0]
+        }
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+        pub(super) fn $dot_rows<const R: usize>(
+            weight: &[u8],
+            activations: [&[u8]; R],
+        ) -> [f32; R] {
+            dot_blocks::<$bytes, R>(weight, activations, $bias, |$w: &[u8; $bytes]| $values)
+        }
+    )*};
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<20>(weight, activation, Bias::Min, |w, x| {
-        unsigned_products(nibbles(array(w, 4)), x)
-    })
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<22>(weight, activation, Bias::Offset(-16.0), |w, x| {
-        unsigned_products(five_bit_values(array(w, 6), array(w, 2)), x)
-    })
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<24>(weight, activation, Bias::Min, |w, x| {
-        unsigned_products(five_bit_values(array(w, 8), array(w, 4)), x)
-    })
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<34>(weight, activation, Bias::Offset(-128.0), |w, x| {
-        let q = _mm512_broadcast_i64x4(load256(array(w, 2)));
-        unsigned_products(_mm512_xor_si512(q, _mm512_set1_epi8(-128)), x)
-    })
+legacy_kernels! {
+    dot_q4_0, dot_q4_0_rows: 18, Bias::Offset(-8.0), |w| nibbles(array(w, 2));
+    dot_q4_1, dot_q4_1_rows: 20, Bias::Min, |w| nibbles(array(w, 4));
+    dot_q5_0, dot_q5_0_rows: 22, Bias::Offset(-16.0), |w| five_bit_values(array(w, 6), array(w, 2));
+    dot_q5_1, dot_q5_1_rows: 24, Bias::Min, |w| five_bit_values(array(w, 8), array(w, 4));
+    // Q8_0's signed values are made unsigned by flipping their sign bit.
+    dot_q8_0, dot_q8_0_rows: 34, Bias::Offset(-128.0), |w| _mm512_xor_si512(
+        _mm512_broadcast_i64x4(load256(array(w, 2))),
+        _mm512_set1_epi8(-128),
+    );
 }

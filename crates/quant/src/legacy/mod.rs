@@ -13,9 +13,9 @@ use lucebox_gguf::GgmlType;
 
 use crate::activation::{ActivationFormat, split32};
 use crate::bytes::{f16_at, f32_at, u32_at};
-#[cfg(target_arch = "x86_64")]
-use crate::format::DotFn;
 use crate::format::Format;
+#[cfg(target_arch = "x86_64")]
+use crate::format::{Avx512Rows, DotFn, Tile, rows_kernel};
 
 /// A block unpacked by the portable code.
 struct Unpacked {
@@ -163,7 +163,7 @@ impl Legacy for Q8_0 {
 
 /// Implements [`Format`] for the legacy formats, whose portable kernels are generic.
 macro_rules! legacy_formats {
-    ($($format:ident: $avx2:ident $(, $avx512:ident)?;)*) => {$(
+    ($($format:ident: $avx2:ident, $avx512:ident, $avx512_rows:ident;)*) => {$(
         impl Format for $format {
             const TYPE: GgmlType = GgmlType::$format;
             const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Block32;
@@ -175,18 +175,21 @@ macro_rules! legacy_formats {
             }
             #[cfg(target_arch = "x86_64")]
             const AVX2_DOT: DotFn = avx2::$avx2;
-            $(
-                #[cfg(target_arch = "x86_64")]
-                const AVX512_DOT: DotFn = avx512::$avx512;
-            )?
+            #[cfg(target_arch = "x86_64")]
+            const AVX512_DOT: DotFn = avx512::$avx512;
+            #[cfg(target_arch = "x86_64")]
+            const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<$format>>());
+        }
+        rows_kernel! {
+            Avx512Rows<$format> => avx512::$avx512_rows, 8;
         }
     )*};
 }
 
 legacy_formats! {
-    Q4_0: dot_q4_0, dot_q4_0;
-    Q4_1: dot_q4_1, dot_q4_1;
-    Q5_0: dot_q5_0, dot_q5_0;
-    Q5_1: dot_q5_1, dot_q5_1;
-    Q8_0: dot_q8_0, dot_q8_0;
+    Q4_0: dot_q4_0, dot_q4_0, dot_q4_0_rows;
+    Q4_1: dot_q4_1, dot_q4_1, dot_q4_1_rows;
+    Q5_0: dot_q5_0, dot_q5_0, dot_q5_0_rows;
+    Q5_1: dot_q5_1, dot_q5_1, dot_q5_1_rows;
+    Q8_0: dot_q8_0, dot_q8_0, dot_q8_0_rows;
 }
