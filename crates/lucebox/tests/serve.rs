@@ -739,6 +739,51 @@ fn a_full_queue_answers_503_and_a_client_that_leaves_frees_the_engine() {
     assert_eq!(metric(&metrics, "lucebox:kv_cache_usage_perc"), 0.0);
 }
 
+/// `/health` answers 503 with an error body while the model loads, then 200. The default pair
+/// (the 1.5B target, and the 0.5B drafter with its pair checks) takes long enough to load to be
+/// seen loading.
+#[test]
+#[ignore = "needs the fetched Qwen pair; run by tests/run-all"]
+fn health_is_503_while_loading_then_200() {
+    let target = lucebox_testkit::model("qwen2.5-coder-1.5b-instruct-q4_k_m");
+    let drafter = lucebox_testkit::model("qwen2.5-coder-0.5b-instruct-q4_k_m");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+        .args(["serve", "--port", "0", "--threads", "2", "--model"])
+        .arg(&target)
+        .arg("--draft")
+        .arg(&drafter)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            line.strip_prefix("lucebox: listening on http://")
+                .map(|at| at.parse().unwrap())
+        })
+        .expect("the server said where it listens");
+    let client = Client { addr };
+    let loading = client.get("/health", &[]);
+    let error = loading.error(503);
+    assert!(
+        error["message"].as_str().unwrap().contains("loading"),
+        "{error}"
+    );
+    assert!(loading.header("retry-after").is_some());
+    assert!(
+        lines
+            .map_while(Result::ok)
+            .any(|line| line.starts_with("lucebox: ready")),
+        "the server never became ready"
+    );
+    assert_eq!(client.get("/health", &[]).status, 200);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[cfg(unix)]
 #[test]
 fn sigterm_stops_the_server_cleanly() {
