@@ -113,6 +113,9 @@ fn alone(
     out
 }
 
+/// A prompt, how to sample it, and how many tokens to generate.
+type Request = (Vec<u32>, SamplingParams, usize);
+
 fn sequence(prompt: &[u32], params: &SamplingParams, max_tokens: usize) -> NewSequence {
     NewSequence {
         prompt: prompt.to_vec(),
@@ -126,7 +129,7 @@ fn sequence(prompt: &[u32], params: &SamplingParams, max_tokens: usize) -> NewSe
 /// returns each one's tokens and statistics.
 fn run_batched(
     batcher: &mut dyn BatchEngine,
-    requests: &[(Vec<u32>, SamplingParams, usize)],
+    requests: &[Request],
     arrivals: &[usize],
 ) -> Vec<(Vec<u32>, Option<GenerationStats>)> {
     let mut ids = Vec::new();
@@ -180,7 +183,7 @@ fn batcher(
 
 /// Mixed prompts: some share a 40-token prefix (the prefix cache's case), one is long enough
 /// to be prefilled in several chunks, sampled and greedy alike.
-fn mixed_requests(vocab: usize) -> Vec<(Vec<u32>, SamplingParams, usize)> {
+fn mixed_requests(vocab: usize) -> Vec<Request> {
     let mut rng = Rng::seeded(21);
     let shared = random_tokens(&mut rng, 40, vocab);
     let sampled = |seed| SamplingParams {
@@ -207,15 +210,23 @@ fn mixed_requests(vocab: usize) -> Vec<(Vec<u32>, SamplingParams, usize)> {
     requests
 }
 
+/// The mixed requests, and what each generates alone.
+fn mixed_requests_and_outputs_alone(
+    model: &std::sync::Arc<lucebox_model::Model<lucebox_backend::CpuBackend>>,
+) -> (Vec<Request>, Vec<Vec<u32>>) {
+    let requests = mixed_requests(model.config().vocab);
+    let expected = requests
+        .iter()
+        .map(|(p, params, n)| alone(model, p, params, *n))
+        .collect();
+    (requests, expected)
+}
+
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn batched_sequences_generate_exactly_what_each_generates_alone() {
     let (_, model) = common::load(MODEL);
-    let requests = mixed_requests(model.config().vocab);
-    let expected: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|(p, params, n)| alone(&model, p, params, *n))
-        .collect();
+    let (requests, expected) = mixed_requests_and_outputs_alone(&model);
     // Arrivals spread over the first steps, so sequences join a running batch; 48 tokens per
     // step, so the long prompts are prefilled in chunks beside running decodes.
     let mut batcher = batcher(&model, 64, 4, 48);
@@ -238,11 +249,7 @@ fn batched_sequences_generate_exactly_what_each_generates_alone() {
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn a_full_pool_preempts_and_recomputes_without_changing_any_output() {
     let (_, model) = common::load(MODEL);
-    let requests = mixed_requests(model.config().vocab);
-    let expected: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|(p, params, n)| alone(&model, p, params, *n))
-        .collect();
+    let (requests, expected) = mixed_requests_and_outputs_alone(&model);
     // 11 blocks of 16: the longest request alone needs 10, so running several at once must
     // preempt.
     let mut batcher = batcher(&model, 11, 6, 256);

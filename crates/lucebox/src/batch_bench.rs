@@ -55,26 +55,25 @@ pub(crate) fn run(
                     logprobs: None,
                 })?;
             }
+            // One step, and the tokens it produced.
+            let mut step = || -> anyhow::Result<usize> {
+                events.clear();
+                batcher.step(&mut events)?;
+                Ok(events
+                    .iter()
+                    .filter(|e| matches!(e, Event::Token { .. }))
+                    .count())
+            };
             let started = Instant::now();
             let mut first_tokens = 0;
             while first_tokens < sequences {
-                events.clear();
-                batcher.step(&mut events)?;
-                first_tokens += events
-                    .iter()
-                    .filter(|e| matches!(e, Event::Token { .. }))
-                    .count();
+                first_tokens += step()?;
             }
             let prefill = (sequences * prompt_tokens) as f64 / started.elapsed().as_secs_f64();
             let started = Instant::now();
             let mut generated = 0;
-            while batcher.load().running > 0 {
-                events.clear();
-                batcher.step(&mut events)?;
-                generated += events
-                    .iter()
-                    .filter(|e| matches!(e, Event::Token { .. }))
-                    .count();
+            while generated < sequences * gen_tokens {
+                generated += step()?;
             }
             let decode = generated as f64 / started.elapsed().as_secs_f64();
             if run > 0 {
