@@ -645,8 +645,13 @@ where
 
     fn step(&mut self, events: &mut Vec<Event>) -> Result<(), Error> {
         self.plan.clear();
+        let preemptions = self.preemptions;
         let budget = self.plan_running()?;
-        self.admit(budget);
+        // A pool that was just short takes nobody new: a preempted sequence re-admitted at
+        // once would only be preempted again.
+        if self.preemptions == preemptions {
+            self.admit(budget);
+        }
         if self.plan.is_empty() {
             return Ok(());
         }
