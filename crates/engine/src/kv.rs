@@ -18,6 +18,10 @@ struct BlockKey {
     tokens: Box<[u32]>,
 }
 
+/// Positions per KV block unless a caller chooses otherwise: vLLM's default, small enough that
+/// a prefix shared by whole blocks loses little, large enough that block tables stay short.
+pub const DEFAULT_BLOCK_TOKENS: usize = 16;
+
 /// Full blocks kept after their sequences ended, found by content.
 #[derive(Debug, Default)]
 struct PrefixCache {

@@ -41,7 +41,7 @@ pub mod speculative;
 pub use batcher::{BatchConfig, BatchEngine, Batcher, Event, Load, NewSequence, SequenceId};
 pub use error::Error;
 pub use generator::Generator;
-pub use kv::{BlockPool, SequenceBlocks};
+pub use kv::{BlockPool, DEFAULT_BLOCK_TOKENS, SequenceBlocks};
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprobs};
 pub use rng::Rng;
 pub use sampling::{Distribution, MAX_PENALTY_WINDOW, Sampler, SamplingParams};

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
 use lucebox_model::{Model, Workspace};
 
-use crate::{BlockPool, Error, Sampler, SequenceBlocks};
+use crate::{BlockPool, DEFAULT_BLOCK_TOKENS, Error, Sampler, SequenceBlocks};
 
 /// The sizes of a [`Session`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +25,7 @@ impl Default for SessionConfig {
     fn default() -> Self {
         Self {
             context: 4096,
-            block_tokens: 16,
+            block_tokens: DEFAULT_BLOCK_TOKENS,
             prefill_chunk: 512,
             scored_tokens: 1,
         }

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use anyhow::bail;
 use lucebox_engine::{
-    BatchConfig, BatchEngine, Batcher, Event, NewSequence, Rng, Sampler, SamplingParams,
+    BatchConfig, BatchEngine, Batcher, DEFAULT_BLOCK_TOKENS, Event, NewSequence, Rng, Sampler,
+    SamplingParams,
 };
 
 use crate::bench::median;
@@ -27,7 +28,7 @@ pub(crate) fn run(
     }
     let model = &target.model;
     let vocab = model.config().vocab as u64;
-    let block_tokens = 16;
+    let block_tokens = DEFAULT_BLOCK_TOKENS;
     let context = prompt_tokens + gen_tokens;
     let mut levels = Vec::new();
     for &sequences in batch {

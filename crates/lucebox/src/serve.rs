@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use lucebox_backend::Backend;
 use lucebox_engine::speculative::{DraftPolicy, Drafter, ModelDrafter, NgramDrafter};
-use lucebox_engine::{BatchConfig, Batcher};
+use lucebox_engine::{BatchConfig, Batcher, DEFAULT_BLOCK_TOKENS};
 use lucebox_server::{Engine, Server, ServerConfig};
 use lucebox_tokenizer::{ChatTemplate, Tokenizer};
 use serde::Deserialize;
@@ -317,7 +317,7 @@ fn load(settings: &Settings) -> anyhow::Result<Engine> {
             (Some(Box::new(model_drafter)), name)
         }
     };
-    let block_tokens = 16;
+    let block_tokens = DEFAULT_BLOCK_TOKENS;
     let kv_blocks =
         BatchConfig::kv_blocks_within(&target.model, settings.kv_cache_mib << 20, block_tokens);
     if kv_blocks * block_tokens < settings.context {
