@@ -551,8 +551,7 @@ impl<B: Backend> Batcher<B> {
                     finished.push((p.index, stop));
                 }
             }
-            seq.blocks
-                .cache_full_blocks(&mut self.pool, &seq.tokens, seq.blocks.len());
+            seq.blocks.cache_full_blocks(&mut self.pool, &seq.tokens);
         }
         // The plan is in index order: the highest first, so the lower ones stay valid.
         for (index, stop) in finished.into_iter().rev() {

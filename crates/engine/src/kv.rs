@@ -137,14 +137,15 @@ impl BlockPool {
         }
         *holders += 1;
     }
+}
 
+impl PrefixCache {
     /// The key of the block after `parent` holding `tokens`.
-    fn key(&self, parent: Option<u32>, tokens: &[u32]) -> Option<BlockKey> {
-        let cache = self.cache.as_ref()?;
-        Some(BlockKey {
-            parent: parent.map(|p| (p, cache.generation[p as usize])),
+    fn key(&self, parent: Option<u32>, tokens: &[u32]) -> BlockKey {
+        BlockKey {
+            parent: parent.map(|p| (p, self.generation[p as usize])),
             tokens: tokens.into(),
-        })
+        }
     }
 }
 
@@ -228,17 +229,13 @@ impl SequenceBlocks {
     /// is never taken from the cache: it must be fed for its logits.
     pub fn share_cached_prefix(&mut self, pool: &mut BlockPool, tokens: &[u32]) -> usize {
         assert!(self.table.is_empty(), "sharing into a non-empty sequence");
-        if pool.cache.is_none() {
-            return 0;
-        }
         let mut parent = None;
         for block_tokens in tokens[..tokens.len().saturating_sub(1)].chunks_exact(pool.block_tokens)
         {
-            let key = pool
-                .key(parent, block_tokens)
-                .expect("the pool has a cache");
-            let cache = pool.cache.as_ref().expect("the pool has a cache");
-            let Some(&block) = cache.index.get(&key) else {
+            let Some(cache) = &pool.cache else {
+                break;
+            };
+            let Some(&block) = cache.index.get(&cache.key(parent, block_tokens)) else {
                 break;
             };
             pool.hold(block);
@@ -250,24 +247,20 @@ impl SequenceBlocks {
         self.len
     }
 
-    /// Registers with the prefix cache every full block of the first `final_len` positions
-    /// (whose tokens are `tokens`) not registered yet. Those positions must never be
+    /// Registers with the prefix cache every full block of the filled positions (whose tokens
+    /// are `tokens`) not registered yet. Those positions become final: they must never be
     /// truncated while the sequence holds them. A block whose content another block already
     /// caches is swapped for that one, its own returned to the pool: equal prefixes have
     /// bitwise equal KV, the kernels being deterministic.
-    pub fn cache_full_blocks(&mut self, pool: &mut BlockPool, tokens: &[u32], final_len: usize) {
-        if pool.cache.is_none() {
-            return;
-        }
+    pub fn cache_full_blocks(&mut self, pool: &mut BlockPool, tokens: &[u32]) {
         let bt = pool.block_tokens;
-        let full = final_len.min(self.len) / bt;
-        while self.cached < full {
+        while self.cached < self.len / bt {
             let i = self.cached;
             let parent = i.checked_sub(1).map(|p| self.table[p]);
-            let key = pool
-                .key(parent, &tokens[i * bt..(i + 1) * bt])
-                .expect("the pool has a cache");
-            let cache = pool.cache.as_mut().expect("the pool has a cache");
+            let Some(cache) = &mut pool.cache else {
+                return;
+            };
+            let key = cache.key(parent, &tokens[i * bt..(i + 1) * bt]);
             match cache.index.get(&key) {
                 Some(&cached) => {
                     let own = std::mem::replace(&mut self.table[i], cached);
@@ -315,7 +308,7 @@ mod tests {
         let shared = seq.share_cached_prefix(pool, tokens);
         assert!(seq.reserve(pool, tokens.len() - shared));
         seq.advance(pool, tokens.len() - shared);
-        seq.cache_full_blocks(pool, tokens, tokens.len());
+        seq.cache_full_blocks(pool, tokens);
         seq
     }
 
@@ -401,8 +394,8 @@ mod tests {
             seq.advance(&pool, 3);
         }
         assert_eq!(pool.free_blocks(), 4);
-        a.cache_full_blocks(&mut pool, &prompt, 3);
-        b.cache_full_blocks(&mut pool, &prompt, 3);
+        a.cache_full_blocks(&mut pool, &prompt);
+        b.cache_full_blocks(&mut pool, &prompt);
         assert_eq!(b.table()[0], a.table()[0]);
         assert_eq!(pool.free_blocks(), 5, "b's duplicate went back to the pool");
         a.release(&mut pool);
