@@ -238,9 +238,11 @@ pub(crate) fn events() -> (mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver
     mpsc::unbounded_channel()
 }
 
-/// A request in the engine's batch: its job and the state that turns its tokens into text.
+/// A request in the engine's batch: where its events go and the state that turns its tokens
+/// into text.
 struct Active {
-    job: Job,
+    events: mpsc::UnboundedSender<Event>,
+    arrived: Instant,
     /// Held while the request is in the batch.
     _ticket: Ticket,
     decoder: StreamDecoder<Arc<Tokenizer>>,
@@ -252,14 +254,14 @@ struct Active {
 }
 
 impl Active {
-    /// Sends `text` with the pending log-probabilities, unless there is neither; `false` when
-    /// the client has gone.
-    fn send(&mut self, text: String) -> bool {
+    /// Sends `text` with the pending log-probabilities, unless there is neither. A client that
+    /// has gone is noticed before the next step, not here.
+    fn send(&mut self, text: String) {
         if text.is_empty() && self.logprobs.is_empty() {
-            return true;
+            return;
         }
         let logprobs = std::mem::take(&mut self.logprobs);
-        self.job.events.send(Event::Text { text, logprobs }).is_ok()
+        let _ = self.events.send(Event::Text { text, logprobs });
     }
 }
 
@@ -325,32 +327,36 @@ impl Worker {
             return;
         }
         self.metrics.observe(Latency::Queue, job.arrived.elapsed());
-        let request = &job.request;
+        let Job {
+            request,
+            events,
+            arrived,
+        } = job;
         let added = self.engine.add(NewSequence {
-            prompt: request.prompt.clone(),
-            sampler: Sampler::new(request.params.clone()),
+            prompt: request.prompt,
+            sampler: Sampler::new(request.params),
             max_tokens: request.max_tokens,
             logprobs: request.logprobs,
         });
         match added {
             Ok(id) => {
-                let stops = StopMatcher::new(request.stop.clone());
                 self.active.insert(
                     id,
                     Active {
+                        events,
+                        arrived,
+                        _ticket: ticket,
                         decoder: StreamDecoder::new(Arc::clone(&self.tokenizer), true),
-                        stops,
+                        stops: StopMatcher::new(request.stop),
                         stopped_by_text: false,
                         last_token: None,
                         logprobs: Vec::new(),
-                        job,
-                        _ticket: ticket,
                     },
                 );
             }
             Err(e) => {
                 tracing::warn!("request refused by the engine: {e}");
-                let _ = job.events.send(Event::Failed(e.to_string()));
+                let _ = events.send(Event::Failed(e.to_string()));
             }
         }
     }
@@ -360,7 +366,7 @@ impl Worker {
         let gone: Vec<SequenceId> = self
             .active
             .iter()
-            .filter(|(_, a)| a.job.events.is_closed())
+            .filter(|(_, a)| a.events.is_closed())
             .map(|(&id, _)| id)
             .collect();
         for id in gone {
@@ -375,7 +381,7 @@ impl Worker {
         tracing::warn!("generation failed: {message}");
         for (id, active) in self.active.drain() {
             self.engine.stop(id);
-            let _ = active.job.events.send(Event::Failed(message.to_owned()));
+            let _ = active.events.send(Event::Failed(message.to_owned()));
         }
     }
 
@@ -403,7 +409,7 @@ impl Worker {
         match active.last_token {
             None => self
                 .metrics
-                .observe(Latency::FirstToken, now - active.job.arrived),
+                .observe(Latency::FirstToken, now - active.arrived),
             Some(last) => self.metrics.observe(Latency::InterToken, now - last),
         }
         active.last_token = Some(now);
@@ -421,8 +427,7 @@ impl Worker {
         let matched = active
             .stops
             .push(&active.decoder.push(token).unwrap_or_default());
-        // A client that has gone is noticed before the next step.
-        let _ = active.send(matched.text);
+        active.send(matched.text);
         if matched.stopped {
             active.stopped_by_text = true;
             if let Some(EngineEvent::Finished { stats, spec, .. }) = self.engine.stop(id) {
@@ -450,7 +455,7 @@ impl Worker {
                 tail.text + &active.stops.finish()
             };
             stopped_by_text = tail.stopped;
-            let _ = active.send(text);
+            active.send(text);
         }
         let reason = match stats.stop {
             StopReason::EndOfGeneration | StopReason::Caller => FinishReason::Stop,
@@ -470,7 +475,7 @@ impl Worker {
             accepted_tokens: spec.map_or(0, |s| s.accepted_tokens()),
         };
         self.metrics
-            .observe(Latency::EndToEnd, active.job.arrived.elapsed());
+            .observe(Latency::EndToEnd, active.arrived.elapsed());
         self.metrics.finished(
             finish.prompt_tokens,
             finish.cached_tokens,
@@ -479,7 +484,7 @@ impl Worker {
             spec,
         );
         // A client that has gone no longer needs the result.
-        let _ = active.job.events.send(Event::Done(finish));
+        let _ = active.events.send(Event::Done(finish));
     }
 }
 
