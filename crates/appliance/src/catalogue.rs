@@ -325,7 +325,7 @@ impl fmt::Display for Source {
 }
 
 /// A name is a file name in the cache, so it is kept to a safe lowercase alphabet.
-fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     let starts_ok = name
         .bytes()
         .next()
@@ -359,7 +359,7 @@ fn invalid(origin: &str, model: &str, field: &str, why: String) -> CatalogueErro
     }
 }
 
-fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..offset.min(text.len())];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
     let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;

@@ -3,6 +3,8 @@
 //! - [`Catalogue`]: the model files of `hosts/models.toml` (embedded at build time, the same file
 //!   the Nix flake reads), each a [`Model`] with its size, sha256 and [`Source`]s in preference
 //!   order: plain URLs, or [`Wheel`]s on a PyPI index whose members concatenate to the file.
+//! - [`HostProfile`]: one chip's `hosts/<chip>.toml` (embedded, the same files the flake reads):
+//!   the chip and its runtime, the serving defaults tuned for it, and its model-drafter [`Pair`]s.
 //! - [`model_dir`] and [`model_path`]: where fetched models live.
 //! - [`pair`]: whether a drafter may serve a target (same tokenizer, sizes, pinned hashes).
 //! - [`Fetcher`] (feature `fetch`, on by default): makes the cache hold a model, byte for byte,
@@ -23,6 +25,7 @@ mod cache;
 mod catalogue;
 #[cfg(feature = "fetch")]
 mod fetch;
+mod host;
 pub mod pair;
 
 pub use cache::{ModelDirError, Presence, model_dir, model_path};
@@ -30,4 +33,8 @@ pub use catalogue::{Catalogue, CatalogueError, Model, Sha256Origin, Source, Whee
 #[cfg(feature = "fetch")]
 pub use fetch::{
     DEFAULT_PYPI_INDEX, FetchError, FetchEvent, Fetcher, SourceError, SourceFailure, sha256_file,
+};
+pub use host::{
+    BackendKind, Chip, DEFAULT_CHIP, EngineDefaults, HostError, HostProfile, Pair, PairDrafter,
+    Runtime, Vendor, Verification,
 };

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use lucebox_appliance::{DEFAULT_CHIP, HostProfile};
 use lucebox_backend::Backend;
 use lucebox_engine::speculative::{DraftPolicy, Drafter, ModelDrafter, NgramDrafter};
 use lucebox_engine::{BatchConfig, Batcher, DEFAULT_BLOCK_TOKENS};
@@ -18,39 +19,42 @@ use serde_json::json;
 use crate::generate::{draft_policy, load_drafter};
 use crate::load::{cpu_backend, load_model};
 
-/// The CPU's default pair: a catalogue target and the drafter verified with it.
-const DEFAULT_MODEL: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
-const DEFAULT_DRAFT: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
-
 /// Flags of `lucebox serve`; each overrides the same key of the --config file.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// A TOML file with any of the keys below (model, draft, host, port, ...); flags override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// The target model: a GGUF file or a catalogue name, fetched when missing
-    /// [default: qwen2.5-coder-1.5b-instruct-q4_k_m].
+    /// The host profile (`hosts/<chip>.toml`) whose pairs and tuned defaults to serve with;
+    /// the defaults below marked "profile" come from its `[engine]` table [default: cpu].
+    #[arg(long, env = "LUCEBOX_CHIP")]
+    chip: Option<String>,
+    /// One of the profile's pairs, by name [default: the profile's default pair].
+    #[arg(long, conflicts_with = "model")]
+    pair: Option<String>,
+    /// The target model: a GGUF file or a catalogue name, fetched when missing, instead of a
+    /// pair's [default: the pair's target].
     #[arg(long, short)]
     model: Option<String>,
     /// The drafter: a GGUF file or a catalogue name, `ngram` for prompt lookup, or `none`
-    /// [default: qwen2.5-coder-0.5b-instruct-q4_k_m with the default model, else none].
+    /// [default: the pair's drafter, or none with --model].
     #[arg(long)]
     draft: Option<String>,
-    /// The longest draft per round [default: 8].
+    /// The longest draft per round [default: profile].
     #[arg(long)]
     draft_tokens: Option<usize>,
-    /// Positions of context per sequence [default: 4096].
+    /// Positions of context per sequence [default: profile].
     #[arg(long)]
     context: Option<usize>,
-    /// Requests generating at once, in one batch; more wait [default: 16].
+    /// Requests generating at once, in one batch; more wait [default: profile].
     #[arg(long)]
     max_sequences: Option<usize>,
     /// Tokens per forward pass: a decode row per running request, prefill chunks in the rest
-    /// [default: 256].
+    /// [default: profile].
     #[arg(long)]
     step_tokens: Option<usize>,
     /// Memory for the KV cache, shared by all requests and the prefix cache, in MiB
-    /// [default: 1024].
+    /// [default: profile].
     #[arg(long, value_name = "MIB")]
     kv_cache_mib: Option<u64>,
     /// Compute threads [default: all cores].
@@ -65,6 +69,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every route but /health.
     #[arg(long, env = "LUCEBOX_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Read the API key from the first line of this file (for systemd credentials).
+    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
+    api_key_file: Option<PathBuf>,
     /// The most tokens one request may generate [default: the context].
     #[arg(long)]
     max_tokens: Option<usize>,
@@ -95,6 +102,8 @@ pub enum LogFormat {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
+    chip: Option<String>,
+    pair: Option<String>,
     model: Option<String>,
     draft: Option<String>,
     draft_tokens: Option<usize>,
@@ -106,6 +115,7 @@ struct FileConfig {
     host: Option<IpAddr>,
     port: Option<u16>,
     api_key: Option<String>,
+    api_key_file: Option<PathBuf>,
     max_tokens: Option<usize>,
     queue: Option<usize>,
     max_body_bytes: Option<usize>,
@@ -114,6 +124,9 @@ struct FileConfig {
 
 /// The settings in force: flags over the file over the defaults.
 struct Settings {
+    profile: HostProfile,
+    /// The profile's pair being served, when the target is not a --model of the user's.
+    pair: Option<String>,
     model: String,
     draft: Option<String>,
     draft_tokens: usize,
@@ -139,14 +152,40 @@ impl Settings {
             }
             None => FileConfig::default(),
         };
-        let model = args.model.or(file.model);
-        let draft = match args.draft.or(file.draft) {
-            Some(draft) if draft == "none" => None,
-            Some(draft) => Some(draft),
-            None if model.is_none() => Some(DEFAULT_DRAFT.to_owned()),
-            None => None,
+        let chip = args
+            .chip
+            .or(file.chip)
+            .unwrap_or_else(|| DEFAULT_CHIP.to_owned());
+        let profile = HostProfile::embedded(&chip).context("--chip")?;
+        let defaults = profile.engine().clone();
+        if file.model.is_some() && file.pair.is_some() {
+            bail!("--config: `model` and `pair` both choose the target: give one of them");
+        }
+        // A flag overrides either key of the file: --model a file's pair, --pair a file's model.
+        let (model, pair) = match (args.model, args.pair) {
+            (None, None) => (file.model, file.pair),
+            flags => flags,
         };
-        let context = args.context.or(file.context).unwrap_or(4096);
+        let (model, pair, draft) = match model {
+            Some(model) => (model, None, args.draft.or(file.draft)),
+            None => {
+                let pair = match &pair {
+                    Some(name) => profile.pair(name).context("--pair")?,
+                    None => profile.default_pair(),
+                };
+                let draft = args
+                    .draft
+                    .or(file.draft)
+                    .unwrap_or_else(|| pair.drafter().as_draft_arg().to_owned());
+                (
+                    pair.target().to_owned(),
+                    Some(pair.name().to_owned()),
+                    Some(draft),
+                )
+            }
+        };
+        let draft = draft.filter(|draft| draft != "none");
+        let context = args.context.or(file.context).unwrap_or(defaults.context);
         if context < 2 {
             bail!(
                 "--context {context} is too small: it must hold a prompt token and a generated one"
@@ -156,13 +195,22 @@ impl Settings {
         if queue == 0 {
             bail!("--queue must be at least 1");
         }
-        let max_sequences = args.max_sequences.or(file.max_sequences).unwrap_or(16);
+        let max_sequences = args
+            .max_sequences
+            .or(file.max_sequences)
+            .unwrap_or(defaults.max_sequences);
         if max_sequences == 0 {
             bail!("--max-sequences must be at least 1");
         }
-        let draft_tokens = args.draft_tokens.or(file.draft_tokens).unwrap_or(8);
+        let draft_tokens = args
+            .draft_tokens
+            .or(file.draft_tokens)
+            .unwrap_or(defaults.draft_tokens);
         let policy = draft_policy(draft_tokens, false)?;
-        let step_tokens = args.step_tokens.or(file.step_tokens).unwrap_or(256);
+        let step_tokens = args
+            .step_tokens
+            .or(file.step_tokens)
+            .unwrap_or(defaults.step_tokens);
         if step_tokens < max_sequences.max(draft_tokens + 1) {
             bail!(
                 "--step-tokens {step_tokens} is too small: one step must hold a token of each of \
@@ -178,20 +226,36 @@ impl Settings {
             .or(file.host)
             .unwrap_or(IpAddr::from([127, 0, 0, 1]));
         let port = args.port.or(file.port).unwrap_or(8080);
+        if file.api_key.is_some() && file.api_key_file.is_some() {
+            bail!("--config: `api_key` and `api_key_file` both set the key: give one of them");
+        }
+        let api_key = match (args.api_key, args.api_key_file) {
+            (None, None) => (file.api_key, file.api_key_file),
+            flags => flags,
+        };
+        let api_key = match api_key {
+            (_, Some(path)) => Some(read_api_key(&path)?),
+            (key, None) => key.filter(|k| !k.is_empty()),
+        };
         Ok(Settings {
-            model: model.unwrap_or_else(|| DEFAULT_MODEL.to_owned()),
+            profile,
+            pair,
+            model,
             draft,
             draft_tokens,
             policy,
             context,
             max_sequences,
             step_tokens,
-            kv_cache_mib: args.kv_cache_mib.or(file.kv_cache_mib).unwrap_or(1024),
+            kv_cache_mib: args
+                .kv_cache_mib
+                .or(file.kv_cache_mib)
+                .unwrap_or(defaults.kv_cache_mib),
             threads: args.threads.or(file.threads),
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             server: ServerConfig {
                 listen: SocketAddr::new(host, port),
-                api_key: args.api_key.or(file.api_key).filter(|k| !k.is_empty()),
+                api_key,
                 max_body_bytes: args
                     .max_body_bytes
                     .or(file.max_body_bytes)
@@ -202,6 +266,17 @@ impl Settings {
             },
         })
     }
+}
+
+/// The first line of `path`, which must not be empty.
+fn read_api_key(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--api-key-file {}", path.display()))?;
+    let key = text.lines().next().unwrap_or_default().trim();
+    if key.is_empty() {
+        bail!("--api-key-file {}: the first line is empty", path.display());
+    }
+    Ok(key.to_owned())
 }
 
 /// A TOML error as one line: where, then what.
@@ -220,6 +295,12 @@ fn one_line(error: &toml::de::Error, text: &str) -> String {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = Settings::new(args)?;
     init_logging(settings.log_format)?;
+    if settings.profile.is_cpu_stand_in() {
+        tracing::warn!(
+            "chip {}: its own backend is not built yet; this package runs the CPU engine",
+            settings.profile.chip().name()
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -360,7 +441,8 @@ fn load(settings: &Settings) -> anyhow::Result<Engine> {
         "n_ctx": context,
         "max_sequences": settings.max_sequences,
         "kv_cache_tokens": kv_blocks * block_tokens,
-        "chip": "cpu",
+        "chip": settings.profile.chip().name(),
+        "pair": settings.pair,
         "backend": backend.describe(),
         "chat_template": template.as_ref().map(|t| t.name().to_owned()),
     });

@@ -482,6 +482,37 @@ fn text_completions_tokenize_detokenize_models_and_props() {
     let props = server.get("/props", &[]).json();
     assert_eq!(props["model"], MODEL);
     assert_eq!(props["n_ctx"], 4096);
+    assert_eq!(props["chip"], "cpu");
+    assert_eq!(props["pair"], Value::Null);
+}
+
+#[test]
+fn a_chip_profile_sets_the_defaults_and_bad_names_are_one_line() {
+    let rtx3090 = lucebox_appliance::HostProfile::embedded("rtx3090").unwrap();
+    let server = Server::start(&["--chip", "rtx3090"]);
+    let props = server.get("/props", &[]).json();
+    assert_eq!(props["chip"], "rtx3090");
+    assert_eq!(props["n_ctx"], rtx3090.engine().context);
+    assert_eq!(props["max_sequences"], rtx3090.engine().max_sequences);
+    drop(server);
+
+    for (args, expected) in [
+        (
+            &["--chip", "rtx9090"][..],
+            "--chip: unknown chip \"rtx9090\"",
+        ),
+        (&["--pair", "x"][..], "--pair: chip cpu has no pair \"x\""),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
 }
 
 /// The value of the metric line `name` (with its labels) in a Prometheus exposition.
@@ -658,7 +689,10 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
 
 #[test]
 fn an_api_key_guards_every_route_but_health() {
-    let server = Server::start(&["--api-key", "sesame"]);
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("api-key");
+    std::fs::write(&key_file, "sesame\n").unwrap();
+    let server = Server::start(&["--api-key-file", key_file.to_str().unwrap()]);
     assert_eq!(server.get("/health", &[]).status, 200);
     server.get("/v1/models", &[]).error(401);
     server
