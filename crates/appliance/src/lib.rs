@@ -5,6 +5,8 @@
 //!   order: plain URLs, or [`Wheel`]s on a PyPI index whose members concatenate to the file.
 //! - [`HostProfile`]: one chip's `hosts/<chip>.toml` (embedded, the same files the flake reads):
 //!   the chip and its runtime, the serving defaults tuned for it, and its model-drafter [`Pair`]s.
+//! - [`decide`]: the health gate's verdict on a NixOS generation (keep and make it the boot
+//!   default, retry, or roll back to the newest that passed), over a [`SystemProfile`].
 //! - [`model_dir`] and [`model_path`]: where fetched models live.
 //! - [`pair`]: whether a drafter may serve a target (same tokenizer, sizes, pinned hashes).
 //! - [`Fetcher`] (feature `fetch`, on by default): makes the cache hold a model, byte for byte,
@@ -25,6 +27,7 @@ mod cache;
 mod catalogue;
 #[cfg(feature = "fetch")]
 mod fetch;
+mod gate;
 mod host;
 pub mod pair;
 
@@ -34,6 +37,7 @@ pub use catalogue::{Catalogue, CatalogueError, Model, Sha256Origin, Source, Whee
 pub use fetch::{
     DEFAULT_PYPI_INDEX, FetchError, FetchEvent, Fetcher, SourceError, SourceFailure, sha256_file,
 };
+pub use gate::{Check, Decision, GateError, GateState, Generation, SystemProfile, Verdict, decide};
 pub use host::{
     BackendKind, Chip, DEFAULT_CHIP, EngineDefaults, HostError, HostProfile, Pair, PairDrafter,
     Runtime, Vendor, Verification,

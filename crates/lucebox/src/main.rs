@@ -5,6 +5,7 @@ mod batch_bench;
 mod bench;
 mod fetch;
 mod generate;
+mod health_gate;
 mod load;
 mod pair;
 mod serve;
@@ -36,6 +37,8 @@ enum Command {
     VerifyPair(pair::VerifyPairArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Probe the local server and keep, commit or roll back the running NixOS generation.
+    HealthGate(health_gate::HealthGateArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::VerifyPair(args) => pair::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::HealthGate(args) => health_gate::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

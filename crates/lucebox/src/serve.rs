@@ -269,7 +269,7 @@ impl Settings {
 }
 
 /// The first line of `path`, which must not be empty.
-fn read_api_key(path: &std::path::Path) -> anyhow::Result<String> {
+pub(crate) fn read_api_key(path: &std::path::Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--api-key-file {}", path.display()))?;
     let key = text.lines().next().unwrap_or_default().trim();

@@ -1107,3 +1107,71 @@ fn a_config_file_sets_what_flags_do_not() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("max_tokenz"), "{stderr}");
 }
+
+#[test]
+fn the_health_gate_commits_a_healthy_generation_and_rolls_back_a_failing_one() {
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path().canonicalize().unwrap();
+    let profiles = root.join("profiles");
+    std::fs::create_dir(&profiles).unwrap();
+    for (number, system) in [(1, "a"), (2, "b"), (3, "c")] {
+        std::fs::create_dir_all(root.join("store").join(system)).unwrap();
+        std::os::unix::fs::symlink(
+            root.join("store").join(system),
+            profiles.join(format!("system-{number}-link")),
+        )
+        .unwrap();
+    }
+    std::os::unix::fs::symlink("system-2-link", profiles.join("system")).unwrap();
+    std::fs::write(root.join("boot_id"), "boot-1\n").unwrap();
+    std::fs::write(root.join("api-key"), "sesame\n").unwrap();
+    let gate = |url: &str, running: &str, extra: &[&str]| {
+        let path = |relative: &str| root.join(relative).to_str().unwrap().to_owned();
+        let out = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+            .args(["health-gate", "--url", url, "--timeout-secs", "1"])
+            .args(["--api-key-file", &path("api-key")])
+            .args(["--state-dir", &path("state")])
+            .args(["--system-profile", &path("profiles/system")])
+            .args(["--current-system", &path(&format!("store/{running}"))])
+            .args(["--booted-system", &path("store/a")])
+            .args(["--boot-id-file", &path("boot_id")])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        (
+            out.status.code(),
+            stdout.replace(root.to_str().unwrap(), "R"),
+        )
+    };
+
+    let server = Server::start(&["--api-key", "sesame"]);
+    let url = format!("http://{}", server.addr);
+    let (code, stdout) = gate(&url, "b", &[]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert_eq!(
+        stdout,
+        "lucebox health-gate: generation 2 passed; it is the boot default\n"
+    );
+    let records = std::fs::read_to_string(root.join("state/decisions.jsonl")).unwrap();
+    let record: Value = serde_json::from_str(records.trim()).unwrap();
+    assert_eq!(record["decision"], "commit");
+    assert_eq!(record["generation"], 2);
+    drop(server);
+
+    let (code, stdout) = gate(&url, "c", &["--dry-run"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("lucebox health-gate: failed when activated: /health: "),
+        "{stdout}"
+    );
+    assert!(lines[0].ends_with("; back to generation 2"), "{stdout}");
+    assert_eq!(
+        lines[1..],
+        [
+            "would run: nix-env --profile R/profiles/system --switch-generation 2",
+            "would run: R/profiles/system-2-link/bin/switch-to-configuration switch",
+        ]
+    );
+}
