@@ -85,6 +85,17 @@ pub enum BackendKind {
     Hip,
 }
 
+impl BackendKind {
+    /// Its name in profiles: `cpu`, `cuda` or `hip`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Hip => "hip",
+        }
+    }
+}
+
 /// The serving defaults on a chip; `lucebox serve` flags of the same names override them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

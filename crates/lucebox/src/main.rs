@@ -3,6 +3,7 @@
 
 mod batch_bench;
 mod bench;
+mod doctor;
 mod fetch;
 mod generate;
 mod health_gate;
@@ -37,6 +38,8 @@ enum Command {
     VerifyPair(pair::VerifyPairArgs),
     /// Serve the OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Report this machine's CPU, GPUs and runtime against the chip profile, and its models.
+    Doctor(doctor::DoctorArgs),
     /// Probe the local server and keep, commit or roll back the running NixOS generation.
     HealthGate(health_gate::HealthGateArgs),
 }
@@ -49,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::VerifyPair(args) => pair::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::HealthGate(args) => health_gate::run(args),
     };
     match result {

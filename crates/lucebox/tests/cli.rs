@@ -162,3 +162,63 @@ fn the_qwen_coder_pair_passes_verification() {
     assert_eq!(sha256.len(), 2, "both catalogue files hashed: {stdout}");
     assert!(record["probe"]["acceptance_rate"].as_f64().unwrap() > 0.4);
 }
+
+/// `lucebox doctor` over a fake machine: its exit status and stdout.
+fn doctor(sysroot: &std::path::Path, chip: &str) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+        .args([
+            "doctor",
+            "--chip",
+            chip,
+            "--sysroot",
+            sysroot.to_str().unwrap(),
+        ])
+        .env("ROCM_PATH", "/opt/rocm")
+        .env("LUCEBOX_MODEL_DIR", sysroot.join("models"))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn doctor_says_plainly_when_there_is_no_gpu_and_names_the_one_there_is() {
+    let root = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = doctor(root.path(), "r9700");
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    for line in [
+        "amd gpu: none (no GPU node under /sys/class/kfd)",
+        "nvidia gpu: none (no /proc/driver/nvidia/gpus)",
+        "note: the HIP backend is not built yet; this package runs the CPU engine",
+        "pair qwen2.5-coder-32b+0.5b (default): qwen2.5-coder-32b-instruct-q4_k_m absent",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in {stdout}");
+    }
+
+    let node = root.path().join("sys/class/kfd/kfd/topology/nodes/1");
+    std::fs::create_dir_all(&node).unwrap();
+    std::fs::write(node.join("properties"), "gfx_target_version 120001\n").unwrap();
+    let info = root.path().join("opt/rocm/.info");
+    std::fs::create_dir_all(&info).unwrap();
+    std::fs::write(info.join("version"), "6.4.1-120\n").unwrap();
+    let (code, stdout, stderr) = doctor(root.path(), "r9700");
+    assert!(
+        stdout.contains("amd gpu: node 1 is gfx1201 (profile r9700)\nrocm: 6.4.1-120\n"),
+        "{stdout}"
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert_eq!(
+        stderr,
+        "lucebox: ROCm 6.4.1-120 is installed, the profile was built for ROCm 7.2\n"
+    );
+    std::fs::write(info.join("version"), "7.2.0\n").unwrap();
+    let (code, stdout, _) = doctor(root.path(), "r9700");
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.ends_with("ok: this machine can serve the r9700 profile\n"),
+        "{stdout}"
+    );
+}
