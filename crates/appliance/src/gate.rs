@@ -556,6 +556,60 @@ mod tests {
     }
 
     #[test]
+    fn a_server_that_never_reaches_ready_is_rolled_back() {
+        let fake = Fake::new(&["a", "b"], 2);
+        let mut state = GateState::default();
+        assert!(fake.check(&mut state, "a", ("a", "1"), Ok(())).passed());
+        let verdict = fake.check(
+            &mut state,
+            "b",
+            ("a", "1"),
+            Err("lucebox.service never reached READY: failed (exit-code)"),
+        );
+        assert_eq!(
+            verdict.decision,
+            Decision::RollBack {
+                to: 1,
+                reboot: false
+            }
+        );
+    }
+
+    #[test]
+    fn repeated_failures_never_loop_back_to_a_failed_generation() {
+        let fake = Fake::new(&["a", "b", "c"], 3);
+        let mut state = GateState::default();
+        for system in ["a", "b", "c"] {
+            assert!(fake.check(&mut state, system, ("a", "1"), Ok(())).passed());
+        }
+        // From here on everything fails (say the GPU died), boot after boot.
+        let mut boot = 2;
+        let mut running = "c";
+        let mut visited = vec![running];
+        loop {
+            boot += 1;
+            let verdict = fake.check(&mut state, running, (running, &boot.to_string()), Err("x"));
+            match verdict.decision {
+                Decision::Retry { .. } => continue,
+                Decision::RollBack { to, reboot } => {
+                    assert!(reboot);
+                    running = ["a", "b", "c"][to as usize - 1];
+                    assert!(
+                        !visited.contains(&running),
+                        "back to {running} after {visited:?}"
+                    );
+                    visited.push(running);
+                }
+                Decision::Stay => break,
+                Decision::Commit { .. } => unreachable!("a failed probe never commits"),
+            }
+            assert!(boot < 20, "no end after {boot} boots: {visited:?}");
+        }
+        assert_eq!(visited, ["c", "b", "a"]);
+        assert!(state.good().is_empty());
+    }
+
+    #[test]
     fn a_check_in_the_same_boot_is_no_fresh_boot() {
         let fake = Fake::new(&["a"], 1);
         let mut state = GateState::default();

@@ -17,6 +17,10 @@ pub struct HealthGateArgs {
     /// The server to probe.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     url: String,
+    /// The systemd unit of the server: the gate first waits for it to be active, which for a
+    /// `Type=notify` unit means it sent READY=1.
+    #[arg(long)]
+    unit: Option<String>,
     /// The server's API key, from the first line of this file.
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
@@ -60,11 +64,12 @@ pub fn run(args: HealthGateArgs) -> anyhow::Result<()> {
         Some(path) => Some(crate::serve::read_api_key(path)?),
         None => None,
     };
-    let probe = probe(
-        &args.url,
-        api_key.as_deref(),
-        Duration::from_secs(args.timeout_secs),
-    );
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let probe = match &args.unit {
+        Some(unit) => wait_ready(unit, deadline),
+        None => Ok(()),
+    }
+    .and_then(|()| probe(&args.url, api_key.as_deref(), deadline));
     let mut state = GateState::load(&args.state_dir)?;
     let verdict = decide(
         &profile,
@@ -98,9 +103,41 @@ pub fn run(args: HealthGateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until `unit` is active (READY=1 sent): `Err` when it fails or the deadline passes.
+fn wait_ready(unit: &str, deadline: Instant) -> Result<(), String> {
+    loop {
+        let out = std::process::Command::new("systemctl")
+            .args(["show", "--property=ActiveState,SubState,Result", unit])
+            .output()
+            .map_err(|e| format!("systemctl show {unit}: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let property = |key: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+                .unwrap_or("unknown")
+                .to_owned()
+        };
+        let (active, sub, result) = (
+            property("ActiveState"),
+            property("SubState"),
+            property("Result"),
+        );
+        match active.as_str() {
+            "active" => return Ok(()),
+            "failed" => return Err(format!("{unit} never reached READY: failed ({result})")),
+            _ if Instant::now() >= deadline => {
+                return Err(format!(
+                    "{unit} never reached READY in time: {active} ({sub}), result {result}"
+                ));
+            }
+            _ => std::thread::sleep(Duration::from_secs(2)),
+        }
+    }
+}
+
 /// Waits for `/health` to answer 200, then asks for one token: `Err` says what went wrong.
-fn probe(url: &str, api_key: Option<&str>, timeout: Duration) -> Result<(), String> {
-    let deadline = Instant::now() + timeout;
+fn probe(url: &str, api_key: Option<&str>, deadline: Instant) -> Result<(), String> {
+    let started = Instant::now();
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(5)))
@@ -114,7 +151,7 @@ fn probe(url: &str, api_key: Option<&str>, timeout: Duration) -> Result<(), Stri
             Err(e) => format!("/health: {e}"),
         };
         if Instant::now() >= deadline {
-            return Err(format!("{failure} after {} s", timeout.as_secs()));
+            return Err(format!("{failure} after {} s", started.elapsed().as_secs()));
         }
         std::thread::sleep(Duration::from_secs(2));
     }

@@ -1125,9 +1125,24 @@ fn the_health_gate_commits_a_healthy_generation_and_rolls_back_a_failing_one() {
     std::os::unix::fs::symlink("system-2-link", profiles.join("system")).unwrap();
     std::fs::write(root.join("boot_id"), "boot-1\n").unwrap();
     std::fs::write(root.join("api-key"), "sesame\n").unwrap();
+    // A stand-in systemctl that reports the server's unit as failed.
+    let bin = root.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::write(
+        bin.join("systemctl"),
+        "#!/bin/sh\nprintf 'ActiveState=failed\\nSubState=failed\\nResult=exit-code\\n'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        bin.join("systemctl"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let search_path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     let gate = |url: &str, running: &str, extra: &[&str]| {
         let path = |relative: &str| root.join(relative).to_str().unwrap().to_owned();
         let out = Command::new(env!("CARGO_BIN_EXE_lucebox"))
+            .env("PATH", &search_path)
             .args(["health-gate", "--url", url, "--timeout-secs", "1"])
             .args(["--api-key-file", &path("api-key")])
             .args(["--state-dir", &path("state")])
@@ -1173,5 +1188,15 @@ fn the_health_gate_commits_a_healthy_generation_and_rolls_back_a_failing_one() {
             "would run: nix-env --profile R/profiles/system --switch-generation 2",
             "would run: R/profiles/system-2-link/bin/switch-to-configuration switch",
         ]
+    );
+
+    let (code, stdout) = gate(&url, "c", &["--dry-run", "--unit", "lucebox.service"]);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(
+        stdout.starts_with(
+            "lucebox health-gate: failed when activated: lucebox.service never reached READY: \
+             failed (exit-code); back to generation 2\n"
+        ),
+        "{stdout}"
     );
 }
