@@ -93,8 +93,10 @@ impl Devices {
         }
     }
 
-    /// Whether the machine has a GPU that `profile`'s kernels were built for: an AMD GPU of
-    /// exactly its architecture, or (the capability being unknown here) any NVIDIA GPU.
+    /// Whether the machine has the GPU `profile` was tested on: an AMD GPU of exactly its
+    /// architecture, or an NVIDIA GPU whose model the profile's description begins with (the
+    /// compute capability needs the CUDA driver, so the model name stands in for it). A CPU
+    /// profile needs none.
     pub fn has_gpu_for(&self, profile: &HostProfile) -> bool {
         match profile.chip().runtime() {
             Runtime::None => true,
@@ -102,8 +104,27 @@ impl Devices {
                 .amd
                 .iter()
                 .any(|gpu| Some(gpu.gfx.as_str()) == profile.chip().kernel_target()),
-            Runtime::Cuda => !self.nvidia.is_empty(),
+            Runtime::Cuda => self.nvidia.iter().any(|gpu| {
+                profile
+                    .chip()
+                    .description()
+                    .strip_prefix(gpu.model.as_str())
+                    .is_some_and(|rest| rest.starts_with(" ("))
+            }),
         }
+    }
+
+    /// The profiles among `profiles` whose GPU this machine has; `cpu` when it has no GPU.
+    pub fn tested_chips<'a>(&self, profiles: &'a [HostProfile]) -> Vec<&'a str> {
+        let has_gpu = !self.amd.is_empty() || !self.nvidia.is_empty();
+        profiles
+            .iter()
+            .filter(|profile| match profile.chip().runtime() {
+                Runtime::None => !has_gpu,
+                _ => self.has_gpu_for(profile),
+            })
+            .map(|profile| profile.chip().name())
+            .collect()
     }
 
     /// Whether the ROCm found is the profile's major(.minor) version; `None` when either side
@@ -154,6 +175,10 @@ mod tests {
         std::fs::write(path, text).unwrap();
     }
 
+    fn all_profiles() -> Vec<HostProfile> {
+        HostProfile::embedded_all().unwrap()
+    }
+
     #[test]
     fn gfx_names_follow_the_compilers() {
         assert_eq!(gfx_name(120001).as_deref(), Some("gfx1201"));
@@ -173,6 +198,7 @@ mod tests {
         let r9700 = HostProfile::embedded("r9700").unwrap();
         assert!(!devices.has_gpu_for(&r9700));
         assert_eq!(devices.rocm_matches(&r9700), None);
+        assert_eq!(devices.tested_chips(&all_profiles()), ["cpu"]);
     }
 
     #[test]
@@ -204,6 +230,7 @@ mod tests {
         assert!(!devices.has_gpu_for(&rx7900));
         assert_eq!(devices.rocm_matches(&r9700), Some(true));
         assert_eq!(devices.rocm_matches(&rx7900), Some(false));
+        assert_eq!(devices.tested_chips(&all_profiles()), ["r9700"]);
     }
 
     #[test]
@@ -221,6 +248,17 @@ mod tests {
         );
         let devices = Devices::probe(root.path(), None);
         assert_eq!(devices.nvidia[0].model, "NVIDIA GeForce RTX 3090");
-        assert!(devices.nvidia_driver.unwrap().ends_with("570.86.16"));
+        assert!(
+            devices
+                .nvidia_driver
+                .as_ref()
+                .unwrap()
+                .ends_with("570.86.16")
+        );
+        let profiles = all_profiles();
+        assert_eq!(devices.tested_chips(&profiles), ["rtx3090"]);
+        let mut ti = devices.clone();
+        ti.nvidia[0].model.push_str(" Ti");
+        assert!(ti.tested_chips(&profiles).is_empty());
     }
 }

@@ -211,6 +211,11 @@ impl HostProfile {
         Self::parse(text, chip, &Catalogue::embedded()?)
     }
 
+    /// Every profile built into this program.
+    pub fn embedded_all() -> Result<Vec<Self>, HostError> {
+        Self::embedded_names().map(Self::embedded).collect()
+    }
+
     /// The names of the profiles built into this program.
     pub fn embedded_names() -> impl Iterator<Item = &'static str> {
         EMBEDDED.iter().map(|(name, _)| *name)

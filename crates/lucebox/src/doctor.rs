@@ -3,11 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use std::collections::HashMap;
+
+use anyhow::{Context, bail};
 use clap::Args;
 use lucebox_appliance::{
     Catalogue, DEFAULT_CHIP, Devices, HostProfile, PairDrafter, Presence, Runtime, model_dir,
-    model_path,
+    model_path, sha256_file,
 };
 use lucebox_backend::Backend;
 
@@ -22,7 +24,8 @@ pub struct DoctorArgs {
     sysroot: PathBuf,
 }
 
-/// Prints the report; fails when the profile's own backend cannot run here.
+/// Prints the report; fails when the profile's own backend cannot run here, the runtime is
+/// another version, or a model file is corrupt.
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     let chip = args.chip.as_deref().unwrap_or(DEFAULT_CHIP);
     let profile = HostProfile::embedded(chip)?;
@@ -41,19 +44,32 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     let devices = Devices::probe(&args.sysroot, rocm.as_deref());
     report_devices(&devices);
 
+    // The three checks a user would otherwise make by hand: is this a tested chip, does the
+    // installed package target it, and do the pair's files verify.
     let mut problems = Vec::new();
-    let gpu_found = devices.has_gpu_for(&profile);
+    let profiles = HostProfile::embedded_all()?;
+    let tested = devices.tested_chips(&profiles);
+    match tested.as_slice() {
+        [] => println!("tested chip: no; no host profile matches this machine's GPUs"),
+        names => println!("tested chip: yes ({})", names.join(", ")),
+    }
+    let chip = profile.chip().name();
+    let not_this = format!("the package is built for {chip}, which this machine is not");
+    if tested.contains(&chip) {
+        println!("package: built for {chip}, which this machine is");
+    } else if profile.chip().runtime() == Runtime::None {
+        println!("package: built for cpu, which runs anywhere");
+    } else if profile.is_cpu_stand_in() {
+        println!("note: {not_this}");
+    } else {
+        problems.push(not_this);
+    }
     if profile.is_cpu_stand_in() {
         let backend = match profile.chip().runtime() {
             Runtime::Cuda => "CUDA",
             _ => "HIP",
         };
         println!("note: the {backend} backend is not built yet; this package runs the CPU engine");
-    } else if !gpu_found {
-        let wanted = profile.chip().kernel_target().unwrap_or_default();
-        problems.push(format!(
-            "no GPU for this profile's kernels ({wanted}) was found"
-        ));
     }
     if devices.rocm_matches(&profile) == Some(false) {
         problems.push(format!(
@@ -62,7 +78,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
             profile.chip().runtime_version().unwrap_or_default()
         ));
     }
-    report_models(&profile)?;
+    problems.extend(verify_models(&profile)?);
     if !problems.is_empty() {
         bail!("{}", problems.join("; "));
     }
@@ -106,32 +122,49 @@ fn report_devices(devices: &Devices) {
     }
 }
 
-/// Whether each model of each pair is in the model directory.
-fn report_models(profile: &HostProfile) -> anyhow::Result<()> {
+/// Reports each pair's files, hashing those present against their pinned sha256; returns a
+/// problem for each file that does not verify.
+fn verify_models(profile: &HostProfile) -> anyhow::Result<Vec<String>> {
     let catalogue = Catalogue::embedded()?;
     let dir = model_dir()?;
     println!("models: {}", dir.display());
+    let mut verdicts: HashMap<&str, &'static str> = HashMap::new();
+    let mut problems = Vec::new();
     for pair in profile.pairs() {
         let mut names = vec![pair.target()];
         if let PairDrafter::Model(drafter) = pair.drafter() {
             names.push(drafter);
         }
-        let states: Vec<String> = names
-            .iter()
-            .map(|name| {
+        let mut states = Vec::new();
+        for name in names {
+            if !verdicts.contains_key(name) {
                 let model = catalogue.model(name)?;
-                let state = match Presence::of(&model_path(&dir, name), model.bytes())? {
-                    Presence::Present => "present",
+                let path = model_path(&dir, name);
+                let verdict = match Presence::of(&path, model.bytes())? {
                     Presence::Absent => "absent (fetched on first serve)",
                     Presence::WrongSize { .. } => "wrong size (fetched again on first serve)",
+                    Presence::Present => {
+                        let sha256 = sha256_file(&path)
+                            .with_context(|| format!("hashing {}", path.display()))?;
+                        if sha256 == model.sha256() {
+                            "verified (sha256)"
+                        } else {
+                            problems.push(format!(
+                                "{} does not match its pinned sha256: delete it to fetch it again",
+                                path.display()
+                            ));
+                            "CORRUPT (sha256 differs)"
+                        }
+                    }
                 };
-                Ok(format!("{name} {state}"))
-            })
-            .collect::<anyhow::Result<_>>()?;
+                verdicts.insert(name, verdict);
+            }
+            states.push(format!("{name} {}", verdicts[name]));
+        }
         let default = if pair.is_default() { " (default)" } else { "" };
         println!("pair {}{default}: {}", pair.name(), states.join(", "));
     }
-    Ok(())
+    Ok(problems)
 }
 
 /// The CPU's model name from /proc/cpuinfo.

@@ -221,4 +221,30 @@ fn doctor_says_plainly_when_there_is_no_gpu_and_names_the_one_there_is() {
         stdout.ends_with("ok: this machine can serve the r9700 profile\n"),
         "{stdout}"
     );
+
+    // A drafter file of the right size but the wrong bytes fails verification.
+    let models = root.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    let drafter = models.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    std::fs::File::create(&drafter)
+        .unwrap()
+        .set_len(491_400_064)
+        .unwrap();
+    let (code, stdout, stderr) = doctor(root.path(), "cpu");
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("tested chip: yes (r9700)\npackage: built for cpu, which runs anywhere\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("qwen2.5-coder-0.5b-instruct-q4_k_m CORRUPT (sha256 differs)"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr,
+        format!(
+            "lucebox: {} does not match its pinned sha256: delete it to fetch it again\n",
+            drafter.display()
+        )
+    );
 }
