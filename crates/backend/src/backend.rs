@@ -42,6 +42,26 @@ pub struct Rope {
     pub position_scale: f64,
 }
 
+impl Rope {
+    /// Fills the per-token cosine and sine tables for `positions` (`rotary_dims / 2` of each
+    /// per token), computing angles in f64 so that long positions keep full f32 precision.
+    /// Every backend rotates with these same values.
+    pub(crate) fn tables(&self, positions: &[u32], cos: &mut [f32], sin: &mut [f32]) {
+        let half = self.rotary_dims / 2;
+        for (t, &pos) in positions.iter().enumerate() {
+            let p = f64::from(pos) * self.position_scale;
+            for i in 0..half {
+                let inv_freq = self
+                    .freq_base
+                    .powf(-2.0 * i as f64 / self.rotary_dims as f64);
+                let (s, c) = (p * inv_freq).sin_cos();
+                cos[t * half + i] = c as f32;
+                sin[t * half + i] = s as f32;
+            }
+        }
+    }
+}
+
 /// The shape of one model's KV cache pool: `blocks` blocks of `block_tokens` positions, for
 /// every layer, holding K and V in f16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

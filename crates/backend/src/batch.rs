@@ -1,4 +1,4 @@
-use crate::Error;
+use crate::{Error, KvLayout};
 
 /// One forward pass's worth of tokens from one or more sequences: the single input shape that
 /// serves prefill, decode and speculative verification alike.
@@ -166,4 +166,42 @@ impl RaggedBatch {
         }
         Ok(())
     }
+}
+
+/// Checks that every block id of the batch lies in the pool and every token's position lies
+/// inside its sequence's block table, so that the kernels index only valid slots.
+pub(crate) fn check_kv_positions(batch: &RaggedBatch, layout: &KvLayout) -> Result<(), Error> {
+    if let Some(&b) = batch
+        .block_ids
+        .iter()
+        .find(|&&b| b as usize >= layout.blocks)
+    {
+        return Err(Error::Batch(format!(
+            "block {b} is not below the pool size {}",
+            layout.blocks
+        )));
+    }
+    for (t, (&pos, &seq)) in batch.positions().iter().zip(batch.token_seqs()).enumerate() {
+        if seq as usize >= batch.sequences() {
+            return Err(Error::Batch(format!(
+                "token {t}: sequence {seq} was not added"
+            )));
+        }
+        let blocks = batch.block_table(seq as usize).len();
+        if pos as usize / layout.block_tokens >= blocks {
+            return Err(Error::Batch(format!(
+                "token {t}: position {pos} is beyond its sequence's {blocks} blocks"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The KV slot (block * block_tokens + offset) of batch token `t`; valid after
+/// [`check_kv_positions`].
+pub(crate) fn slot_of(batch: &RaggedBatch, layout: &KvLayout, t: usize) -> usize {
+    let pos = batch.positions()[t] as usize;
+    let block =
+        batch.block_table(batch.token_seqs()[t] as usize)[pos / layout.block_tokens] as usize;
+    block * layout.block_tokens + pos % layout.block_tokens
 }

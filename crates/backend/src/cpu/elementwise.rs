@@ -3,25 +3,6 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::Rope;
-
-/// Fills the per-token cosine and sine tables for `positions`, computing angles in f64 so that
-/// long positions keep full f32 precision.
-pub(super) fn rope_tables(rope: &Rope, positions: &[u32], cos: &mut [f32], sin: &mut [f32]) {
-    let half = rope.rotary_dims / 2;
-    for (t, &pos) in positions.iter().enumerate() {
-        let p = f64::from(pos) * rope.position_scale;
-        for i in 0..half {
-            let inv_freq = rope
-                .freq_base
-                .powf(-2.0 * i as f64 / rope.rotary_dims as f64);
-            let (s, c) = (p * inv_freq).sin_cos();
-            cos[t * half + i] = c as f32;
-            sin[t * half + i] = s as f32;
-        }
-    }
-}
-
 fn mean_square(x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = x.chunks_exact(8);
@@ -80,7 +61,7 @@ pub(super) fn silu_mul(gate: &mut [f32], up: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RopeStyle;
+    use crate::{Rope, RopeStyle};
 
     #[test]
     fn rotations_preserve_norm_and_match_angle() {
@@ -91,7 +72,7 @@ mod tests {
             position_scale: 1.0,
         };
         let (mut cos, mut sin) = (vec![0.0; 2], vec![0.0; 2]);
-        rope_tables(&rope, &[3], &mut cos, &mut sin);
+        rope.tables(&[3], &mut cos, &mut sin);
         assert!((cos[0] - 3f32.cos()).abs() < 1e-6 && (sin[0] - 3f32.sin()).abs() < 1e-6);
         assert!((cos[1] - 0.03f32.cos()).abs() < 1e-6);
         let mut neox = [1.0, 0.0, 0.0, 0.0];

@@ -13,6 +13,7 @@ use half::f16;
 use lucebox_gguf::{GgufFile, TensorView};
 use lucebox_quant::{Isa, WeightFormat};
 
+use crate::batch::{check_kv_positions, slot_of};
 use crate::{
     AttentionShape, Backend, BatchCapacity, Error, KvLayout, RaggedBatch, Rope, RopeStyle,
 };
@@ -277,7 +278,7 @@ impl Backend for CpuBackend {
             )));
         }
         dst.batch.copy_from(src);
-        elementwise::rope_tables(&dst.rope, src.positions(), &mut dst.cos, &mut dst.sin);
+        dst.rope.tables(src.positions(), &mut dst.cos, &mut dst.sin);
         Ok(())
     }
 
@@ -546,44 +547,6 @@ impl Backend for CpuBackend {
         }
         Ok(())
     }
-}
-
-/// Checks that every block id of the batch lies in the pool and every token's position lies
-/// inside its sequence's block table, so that the kernels index only valid slots.
-fn check_kv_positions(batch: &RaggedBatch, layout: &KvLayout) -> Result<(), Error> {
-    if let Some(&b) = batch
-        .block_ids
-        .iter()
-        .find(|&&b| b as usize >= layout.blocks)
-    {
-        return Err(Error::Batch(format!(
-            "block {b} is not below the pool size {}",
-            layout.blocks
-        )));
-    }
-    for (t, (&pos, &seq)) in batch.positions().iter().zip(batch.token_seqs()).enumerate() {
-        if seq as usize >= batch.sequences() {
-            return Err(Error::Batch(format!(
-                "token {t}: sequence {seq} was not added"
-            )));
-        }
-        let blocks = batch.block_table(seq as usize).len();
-        if pos as usize / layout.block_tokens >= blocks {
-            return Err(Error::Batch(format!(
-                "token {t}: position {pos} is beyond its sequence's {blocks} blocks"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The KV slot (block * block_tokens + offset) of batch token `t`; valid after
-/// [`check_kv_positions`].
-fn slot_of(batch: &RaggedBatch, layout: &KvLayout, t: usize) -> usize {
-    let pos = batch.positions()[t] as usize;
-    let block =
-        batch.block_table(batch.token_seqs()[t] as usize)[pos / layout.block_tokens] as usize;
-    block * layout.block_tokens + pos % layout.block_tokens
 }
 
 fn try_filled<T: Clone>(len: usize, value: T, what: &'static str) -> Result<Vec<T>, Error> {
