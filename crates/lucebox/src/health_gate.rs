@@ -206,14 +206,23 @@ fn record(state_dir: &Path, verdict: &Verdict) -> anyhow::Result<()> {
     writeln!(file, "{line}").with_context(|| path.display().to_string())
 }
 
+/// The lock every `switch-to-configuration` takes, failing at once when another holds it.
+const SWITCH_LOCK: &str = "/run/nixos/switch-to-configuration.lock";
+
 /// Starts the commands, in order, as a transient systemd unit and returns at once: the gate
-/// may run inside `switch-to-configuration`, which holds a lock the commands need.
+/// may run inside a `switch-to-configuration`, which waits for the gate and holds the lock the
+/// commands need, so the unit first waits for that lock to be free. It runs with the gate's
+/// PATH (where the NixOS module puts nix-env and flock).
 fn launch(commands: &[Vec<std::ffi::OsString>]) -> anyhow::Result<()> {
-    let script = std::iter::once("set -e".to_owned())
+    let wait_for_lock = format!("while ! flock --nonblock {SWITCH_LOCK} true; do sleep 1; done");
+    let script = ["set -e".to_owned(), wait_for_lock]
+        .into_iter()
         .chain(commands.iter().map(|command| shell_words(command)))
         .collect::<Vec<_>>()
         .join("; ");
+    let path = std::env::var("PATH").unwrap_or_default();
     let status = std::process::Command::new("systemd-run")
+        .arg(format!("--setenv=PATH={path}"))
         .args([
             "--no-block",
             "--collect",
