@@ -1,0 +1,275 @@
+{
+  description = "Lucebox: a speculative-decoding LLM inference server, one package per chip of hosts/*.toml";
+
+  inputs = {
+    # Rust >= 1.95 (Cargo.toml's rust-version), ROCm 7.2 (r9700: gfx1201, strix-halo: gfx1151) and
+    # cudaPackages_12 (rtx3090: sm_86, rtx5090: sm_120); checks.runtime-<chip> holds it to that.
+    nixpkgs.url = "github:NixOS/nixpkgs/nixos-unstable";
+    # ROCm 6 for the rx7900 (gfx1100): NixOS 25.11, the last release before rocmPackages 7.
+    nixpkgs-rocm6.url = "github:NixOS/nixpkgs/nixos-25.11";
+    # The Rust build: honours Cargo.lock and builds the dependencies once. crane has no inputs of
+    # its own, so there is nothing to follow: it builds with the nixpkgs given to crane.mkLib.
+    crane.url = "github:ipetkov/crane";
+  };
+
+  outputs =
+    {
+      self,
+      nixpkgs,
+      nixpkgs-rocm6,
+      crane,
+    }:
+    let
+      inherit (nixpkgs) lib;
+
+      # The chips, their pairs and the models, from hosts/*.toml (builtins only).
+      hosts = import ./nix/hosts.nix { };
+
+      # The GPU chips' machines are x86-64 (nixpkgs' ROCm is x86_64-linux only); the cpu chip's
+      # package builds for aarch64 too.
+      systems = [
+        "x86_64-linux"
+        "aarch64-linux"
+      ];
+      chipsOn =
+        system:
+        if system == "x86_64-linux" then
+          hosts.chips
+        else
+          lib.filterAttrs (_: chip: chip.vendor == "any") hosts.chips;
+
+      version = (builtins.fromTOML (builtins.readFile ./Cargo.toml)).workspace.package.version;
+
+      perSystem =
+        system:
+        let
+          pkgs = nixpkgs.legacyPackages.${system};
+          craneLib = crane.mkLib pkgs;
+          modelFiles = import ./nix/models.nix { inherit (pkgs) fetchurl linkFarm; };
+
+          # What the build reads: crane's Cargo sources (*.rs, Cargo.lock and every *.toml, among
+          # them hosts/*.toml and tests/bench/spec-prompts.toml, which the crates embed with
+          # include_str!) and the GPU kernels' sources.
+          src = lib.cleanSourceWith {
+            src = ./.;
+            name = "lucebox-source";
+            filter =
+              path: type:
+              craneLib.filterCargoSources path type || builtins.match ".*\\.(cu|cuh|hip)" path != null;
+          };
+
+          commonArgs = {
+            inherit src version;
+            pname = "lucebox";
+            strictDeps = true;
+            cargoExtraArgs = "--locked";
+            # The tests need model files and the Python references: tests/run-all runs them.
+            doCheck = false;
+          };
+
+          # The workspace's dependencies, built once, for the package and for clippy.
+          cargoArtifacts = craneLib.buildDepsOnly commonArgs;
+
+          lucebox = craneLib.buildPackage (
+            commonArgs
+            // {
+              inherit cargoArtifacts;
+              cargoExtraArgs = "--locked --package lucebox";
+              meta = {
+                description = "Lucebox speculative-decoding LLM server (the binary, no chip)";
+                license = lib.licenses.asl20;
+                mainProgram = "lucebox";
+              };
+            }
+          );
+
+          # The GPU toolchains, by [chip] runtime and runtime_version of hosts/<chip>.toml.
+          gpuToolchains = {
+            cuda."12" = pkgs.cudaPackages_12;
+            rocm."7.2" = pkgs.rocmPackages;
+            rocm."6" = nixpkgs-rocm6.legacyPackages.${system}.rocmPackages;
+          };
+          toolchainOf =
+            chip:
+            let
+              inherit (chip.profile.chip) runtime;
+            in
+            if runtime == "none" then
+              null
+            else
+              gpuToolchains.${runtime}.${chip.profile.chip.runtime_version}
+                or (throw "hosts/${chip.name}.toml: no ${runtime} ${chip.profile.chip.runtime_version} toolchain in flake.nix's gpuToolchains");
+          toolchainVersion =
+            runtime: toolchain:
+            {
+              cuda = toolchain.cudaMajorMinorVersion;
+              rocm = toolchain.rocm-core.version;
+            }
+            .${runtime};
+
+          # One chip's package. Kernels: there is no kernels/ directory yet, so nothing here builds
+          # GPU code and every GPU chip runs the CPU engine (hosts/<chip>.toml [engine]
+          # backend = "cpu"), which its meta.description says. When kernels/ exists, build them
+          # HERE, per chip, for chip.profile.chip.kernel_target with the chip's gpuToolchain:
+          #   cuda 12   nvcc of cudaPackages_12 for sm_86 (rtx3090) and sm_120 (rtx5090); CUDA is
+          #             unfree, so that build needs a nixpkgs imported with allowUnfree;
+          #   rocm 7.2  ROCm's clang/hipcc of rocmPackages for gfx1201 (r9700), gfx1151
+          #             (strix-halo); rocmPackages.<gfx> narrows a scope to one target;
+          #   rocm 6    the same from nixpkgs-rocm6 for gfx1100 (rx7900);
+          # then build lucebox with that backend's cargo feature (sharing cargoArtifacts where the
+          # features allow) instead of wrapping the CPU binary, and let the profile say its backend.
+          chipPackage =
+            name: chip:
+            assert lib.assertMsg (chip.profile.engine.backend == "cpu")
+              "hosts/${name}.toml: [engine] backend = \"${chip.profile.engine.backend}\", which flake.nix cannot build yet: add its build where flake.nix marks the kernels";
+            pkgs.runCommand "lucebox-${name}-${version}"
+              {
+                nativeBuildInputs = [ pkgs.makeWrapper ];
+                passthru = {
+                  chip = name;
+                  # The profile as nix/hosts.nix reads it, and a model directory per pair.
+                  profile = chip;
+                  pairs = lib.mapAttrs (_: modelFiles.pairDir) chip.pairs;
+                  gpuToolchain = toolchainOf chip;
+                  unwrapped = lucebox;
+                };
+                meta = lucebox.meta // {
+                  inherit (chip) description;
+                };
+              }
+              ''
+                makeWrapper ${lib.getExe lucebox} $out/bin/lucebox --set LUCEBOX_CHIP ${lib.escapeShellArg name}
+                install -D --mode=444 ${chip.file} $out/share/lucebox/hosts/${name}.toml
+              '';
+
+          chipPackages = lib.mapAttrs chipPackage (chipsOn system);
+
+          # `nix run .#<chip>`: `lucebox serve` on the chip's default pair, with its models fetched
+          # at build time.
+          chipApp =
+            name: package:
+            let
+              pairName = hosts.chips.${name}.defaultPair.name;
+              serve = pkgs.writeShellScriptBin "lucebox-serve-${name}" ''
+                export LUCEBOX_MODEL_DIR=${package.pairs.${pairName}}
+                exec ${lib.getExe package} serve "$@"
+              '';
+            in
+            {
+              type = "app";
+              program = lib.getExe serve;
+              meta.description = "lucebox serve for ${name}: the pair ${pairName}, models fetched at build time";
+            };
+
+          # A check that a derivation evaluates (its .drv is computed), without building it.
+          evaluated =
+            name: drv:
+            pkgs.runCommand "evaluated-${name}" { } ''
+              echo ${builtins.unsafeDiscardStringContext drv.drvPath} > $out
+            '';
+
+          # A check that the locked nixpkgs still carries the runtime a GPU profile names.
+          runtimeCheck =
+            name: chip:
+            let
+              inherit (chip.profile.chip) runtime runtime_version;
+              found = toolchainVersion runtime (toolchainOf chip);
+            in
+            assert lib.assertMsg (lib.hasPrefix "${runtime_version}." "${found}.")
+              "hosts/${name}.toml names ${runtime} ${runtime_version}, but the locked nixpkgs has ${found}";
+            pkgs.runCommand "runtime-${name}" { } ''
+              echo ${lib.escapeShellArg "${runtime} ${found}"} > $out
+            '';
+
+          vmTests = lib.mapAttrs' (
+            file: _:
+            lib.nameValuePair (lib.removeSuffix ".nix" file) (
+              pkgs.testers.runNixOSTest (
+                import (./tests/nix + "/${file}") {
+                  luceboxModule = ./modules/lucebox.nix;
+                  package = chipPackages.cpu;
+                  inherit hosts;
+                }
+              )
+            )
+          ) (lib.filterAttrs (file: type: type == "regular" && lib.hasPrefix "vm-" file && lib.hasSuffix ".nix" file) (builtins.readDir ./tests/nix));
+        in
+        {
+          packages = chipPackages // {
+            default = chipPackages.cpu;
+          };
+
+          apps =
+            lib.mapAttrs chipApp chipPackages
+            // {
+              default = chipApp "cpu" chipPackages.cpu;
+            };
+
+          # Generated from the packages and configurations, so that none is skipped silently.
+          checks = {
+            clippy = craneLib.cargoClippy (
+              commonArgs
+              // {
+                inherit cargoArtifacts;
+                cargoClippyExtraArgs = "--workspace --all-targets -- --deny warnings";
+              }
+            );
+            fmt = craneLib.cargoFmt { inherit src version; pname = "lucebox"; };
+          }
+          // lib.mapAttrs' (name: package: lib.nameValuePair "package-${name}" (evaluated name package)) chipPackages
+          // lib.mapAttrs' (name: chip: lib.nameValuePair "runtime-${name}" (runtimeCheck name chip)) (
+            lib.filterAttrs (_: chip: chip.profile.chip.runtime != "none") (chipsOn system)
+          )
+          // lib.optionalAttrs (system == "x86_64-linux") (
+            lib.mapAttrs' (
+              name: configuration:
+              lib.nameValuePair "nixos-${name}" (evaluated "nixos-${name}" configuration.config.system.build.toplevel)
+            ) self.nixosConfigurations
+            // vmTests
+          );
+        };
+
+      bySystem = lib.genAttrs systems perSystem;
+    in
+    {
+      packages = lib.mapAttrs (_: outputs: outputs.packages) bySystem;
+      apps = lib.mapAttrs (_: outputs: outputs.apps) bySystem;
+      checks = lib.mapAttrs (_: outputs: outputs.checks) bySystem;
+
+      # pkgs.lucebox.<chip>: this flake's packages (built with its own nixpkgs).
+      overlays.default = final: _prev: {
+        lucebox = removeAttrs (self.packages.${final.stdenv.hostPlatform.system} or { }) [ "default" ];
+      };
+
+      # services.lucebox, with the package of services.lucebox.chip from this flake.
+      nixosModules.default =
+        {
+          config,
+          lib,
+          pkgs,
+          ...
+        }:
+        let
+          inherit (config.services.lucebox) chip;
+          inherit (pkgs.stdenv.hostPlatform) system;
+        in
+        {
+          imports = [ ./modules/lucebox.nix ];
+          services.lucebox.package = lib.mkDefault (
+            self.packages.${system}.${chip} or (throw "this flake has no lucebox package for chip ${chip} on ${system}")
+          );
+        };
+
+      # `nixos-rebuild switch --flake .#<chip>`: hosts/<chip>.nix for every chip that has one.
+      nixosConfigurations = lib.mapAttrs (
+        name: _:
+        lib.nixosSystem {
+          modules = [
+            self.nixosModules.default
+            (./hosts + "/${name}.nix")
+            { nixpkgs.hostPlatform = "x86_64-linux"; }
+          ];
+        }
+      ) (lib.filterAttrs (name: _: builtins.pathExists (./hosts + "/${name}.nix")) hosts.chips);
+    };
+}

@@ -1,0 +1,247 @@
+# Evaluates flake.nix's outputs with stand-in inputs and checks how they are wired: a package, an
+# app and checks per chip, the wrapper's LUCEBOX_CHIP, the model directories, one dependency build
+# shared by the package and clippy, the source filter, the runtime checks, the overlay, and the
+# nixosConfigurations (hosts/<chip>.nix with nix/appliance.nix). Run by tests/nix/check:
+#
+#   nix-instantiate --readonly-mode --eval --strict tests/nix/eval-flake.nix --arg lib 'import <nixpkgs.lib>/lib'
+#
+# The inputs are stand-ins (tests/nix/stand-in.nix): nixpkgs is nixpkgs.lib's lib with a stand-in
+# `pkgs` and a `nixosSystem` that runs lib.evalModules over the typed stand-in of the NixOS options
+# our modules set; crane's functions return attribute sets that keep their arguments. So this
+# checks flake.nix's own logic, not that nixpkgs or crane accept it: nothing is built.
+{ lib }:
+let
+  standIn = import ./stand-in.nix { inherit lib; };
+  inherit (standIn) pkgs store expect;
+
+  hosts = import ../../nix/hosts.nix { };
+  chipNames = builtins.attrNames hosts.chips;
+  gpuChipNames = builtins.filter (name: hosts.chips.${name}.vendor != "any") chipNames;
+
+  # crane's filterCargoSources (lib/filterCargoSources.nix of ipetkov/crane).
+  filterCargoSources =
+    path: type:
+    type == "directory"
+    || lib.any (suffix: lib.hasSuffix suffix (baseNameOf path)) [
+      ".rs"
+      ".toml"
+    ]
+    || baseNameOf path == "Cargo.lock";
+
+  flakeWith =
+    {
+      rocm ? "7.2.2",
+      rocm6 ? "6.4.3",
+      cuda ? "12.9",
+    }:
+    let
+      pkgsFor =
+        system:
+        pkgs
+        // {
+          stdenv.hostPlatform.system = system;
+          rocmPackages.rocm-core.version = rocm;
+          cudaPackages_12.cudaMajorMinorVersion = cuda;
+        };
+      inputs = {
+        self = flake;
+        nixpkgs = {
+          lib = lib // {
+            nixosSystem =
+              { modules }:
+              lib.evalModules {
+                modules = modules ++ [
+                  standIn.nixos
+                  { _module.args.pkgs = pkgsFor "x86_64-linux"; }
+                ];
+              };
+          };
+          legacyPackages = lib.genAttrs [ "x86_64-linux" "aarch64-linux" ] pkgsFor;
+        };
+        nixpkgs-rocm6.legacyPackages.x86_64-linux.rocmPackages.rocm-core.version = rocm6;
+        crane.mkLib = _: {
+          inherit filterCargoSources;
+          buildDepsOnly = args: standIn.fakeDrv "lucebox-deps-${args.version}" { inherit args; };
+          buildPackage =
+            args:
+            standIn.fakeDrv "lucebox-${args.version}" {
+              inherit args;
+              inherit (args) meta;
+            };
+          cargoClippy = args: standIn.fakeDrv "lucebox-clippy" { inherit args; };
+          cargoFmt = args: standIn.fakeDrv "lucebox-fmt" { inherit args; };
+        };
+      };
+      flake = (import ../../flake.nix).outputs inputs;
+    in
+    flake;
+
+  flake = flakeWith { };
+  packages = flake.packages.x86_64-linux;
+  checks = flake.checks.x86_64-linux;
+  version = (builtins.fromTOML (builtins.readFile ../../Cargo.toml)).workspace.package.version;
+  binary = "${store}-lucebox-${version}/bin/lucebox";
+  src = packages.cpu.unwrapped.args.src;
+
+  nixos = name: flake.nixosConfigurations.${name}.config;
+  vmMachine =
+    (lib.evalModules {
+      modules = [
+        checks.vm-serve.test.nodes.machine
+        standIn.nixos
+        { _module.args.pkgs = pkgs; }
+      ];
+    }).config;
+  failedAssertions = config: map (a: a.message) (lib.filter (a: !a.assertion) config.assertions);
+in
+[
+  (expect "packages per chip, and the default" (builtins.attrNames packages) (
+    lib.sort lib.lessThan (chipNames ++ [ "default" ])
+  ))
+  (expect "aarch64: the cpu chip only" (builtins.attrNames flake.packages.aarch64-linux) [
+    "cpu"
+    "default"
+  ])
+  (expect "default package is cpu" packages.default.chip "cpu")
+  (expect "descriptions come from nix/hosts.nix" (map (name: packages.${name}.meta.description) chipNames) (
+    map (name: hosts.chips.${name}.description) chipNames
+  ))
+  (expect "GPU descriptions say the CPU engine is a stand-in" (lib.all (
+    name: lib.hasInfix "Runs the CPU engine as a stand-in" packages.${name}.meta.description
+  ) gpuChipNames) true)
+  (expect "the wrapper sets LUCEBOX_CHIP" (lib.all (
+    name:
+    lib.hasInfix "makeWrapper ${binary} $out/bin/lucebox --set LUCEBOX_CHIP ${name}\n" packages.${name}.script
+  ) chipNames) true)
+  (expect "the package carries its host profile" (lib.all (
+    name: lib.hasInfix "$out/share/lucebox/hosts/${name}.toml" packages.${name}.script
+  ) chipNames) true)
+  (expect "mainProgram" packages.r9700.meta.mainProgram "lucebox")
+  (expect "a model directory per pair" (builtins.attrNames packages.r9700.pairs) (
+    builtins.attrNames hosts.chips.r9700.pairs
+  ))
+  (expect "the cargo package lucebox, Cargo.lock honoured" packages.cpu.unwrapped.args.cargoExtraArgs
+    "--locked --package lucebox"
+  )
+  (expect "dependencies built once, for the package and clippy"
+    packages.cpu.unwrapped.args.cargoArtifacts.outPath
+    checks.clippy.args.cargoArtifacts.outPath
+  )
+  (expect "clippy as tests/run-all runs it" checks.clippy.args.cargoClippyExtraArgs
+    "--workspace --all-targets -- --deny warnings"
+  )
+  (expect "the source filter keeps kernels, profiles, Rust; drops the rest"
+    (map (path: src.filter path "regular") [
+      "/src/kernels/norm.cu"
+      "/src/kernels/norm.cuh"
+      "/src/kernels/norm.hip"
+      "/src/hosts/r9700.toml"
+      "/src/tests/bench/spec-prompts.toml"
+      "/src/crates/lucebox/src/main.rs"
+      "/src/Cargo.lock"
+      "/src/README.md"
+      "/src/tests/nix/check"
+    ])
+    [
+      true
+      true
+      true
+      true
+      true
+      true
+      true
+      false
+      false
+    ]
+  )
+  (expect "apps per chip, and the default" (builtins.attrNames flake.apps.x86_64-linux) (
+    lib.sort lib.lessThan (chipNames ++ [ "default" ])
+  ))
+  (expect "nix run .#r9700: lucebox serve with its default pair's models" flake.apps.x86_64-linux.r9700.program
+    "${
+      standIn.scriptBin "lucebox-serve-r9700" ''
+        export LUCEBOX_MODEL_DIR=${store}-lucebox-models-${hosts.chips.r9700.defaultPair.name}
+        exec ${store}-lucebox-r9700-${version}/bin/lucebox serve "$@"
+      ''
+    }/bin/lucebox-serve-r9700"
+  )
+  (expect "checks: clippy, fmt, every package, runtime, configuration, VM test"
+    (builtins.attrNames checks)
+    (
+      lib.sort lib.lessThan (
+        [
+          "clippy"
+          "fmt"
+          "vm-rollback"
+          "vm-serve"
+        ]
+        ++ map (name: "package-${name}") chipNames
+        ++ map (name: "nixos-${name}") chipNames
+        ++ map (name: "runtime-${name}") gpuChipNames
+      )
+    )
+  )
+  (expect "aarch64 checks" (builtins.attrNames flake.checks.aarch64-linux) [
+    "clippy"
+    "fmt"
+    "package-cpu"
+  ])
+  (expect "a package check only evaluates" checks.package-r9700.script
+    "echo ${store}-lucebox-r9700-${version}.drv > $out\n"
+  )
+  (expect "runtime checks name what the locked nixpkgs has" (map (name: checks."runtime-${name}".script) [
+    "r9700"
+    "rx7900"
+    "rtx5090"
+  ]) [ "echo 'rocm 7.2.2' > $out\n" "echo 'rocm 6.4.3' > $out\n" "echo 'cuda 12.9' > $out\n" ])
+  (expect "a runtime check fails when nixpkgs moves on"
+    (builtins.tryEval (flakeWith { rocm = "7.3.0"; }).checks.x86_64-linux.runtime-r9700.script).success
+    false
+  )
+  (expect "the VM test's machine: the cpu package, the smallest model, no gate" {
+    inherit (vmMachine.systemd.services.lucebox.serviceConfig) ExecStart;
+    inherit (vmMachine.services.lucebox.settings) model draft;
+    gate = vmMachine.systemd.services ? lucebox-health-gate;
+    failed = failedAssertions vmMachine;
+  } {
+    ExecStart = "${store}-lucebox-cpu-${version}/bin/lucebox serve --config ${store}-lucebox.toml";
+    model = "${store}-lucebox-models-custom/smollm2-135m-instruct-q4_1.gguf";
+    draft = "ngram";
+    gate = false;
+    failed = [ ];
+  })
+  (expect "overlay: pkgs.lucebox.<chip>"
+    (builtins.attrNames (flake.overlays.default { stdenv.hostPlatform.system = "x86_64-linux"; } { }).lucebox)
+    chipNames
+  )
+  (expect "a configuration per chip" (builtins.attrNames flake.nixosConfigurations) chipNames)
+  (expect "configurations serve their chip with the flake's package" (map (
+    name: (nixos name).systemd.services.lucebox.serviceConfig.ExecStart
+  ) chipNames) (map (name: "${store}-lucebox-${name}-${version}/bin/lucebox serve --config ${store}-lucebox.toml") chipNames))
+  (expect "configurations pass their assertions" (map (name: failedAssertions (nixos name)) chipNames) (
+    map (_: [ ]) chipNames
+  ))
+  (expect "configurations warn that the hardware configuration is missing" (lib.all (
+    name: lib.any (lib.hasInfix "hosts/hardware-configuration.nix is missing") (nixos name).warnings
+  ) chipNames) true)
+  (expect "placeholder: no boot loader" (nixos "cpu").boot.loader.grub.enable false)
+  (expect "amd: amdgpu" [
+    (nixos "r9700").hardware.amdgpu.initrd.enable
+    (nixos "strix-halo").hardware.amdgpu.initrd.enable
+    (nixos "rx7900").hardware.amdgpu.initrd.enable
+    (nixos "rtx3090").hardware.amdgpu.initrd.enable
+  ] [ true true true false ])
+  (expect "nvidia: the open driver" [
+    (nixos "rtx5090").services.xserver.videoDrivers
+    (nixos "rtx5090").hardware.nvidia.open
+    (nixos "r9700").services.xserver.videoDrivers
+  ] [ [ "nvidia" ] true [ ] ])
+  (expect "nvidia: only the driver is allowed unfree" (map (nixos "rtx3090").nixpkgs.config.allowUnfreePredicate [
+    { pname = "nvidia-x11"; }
+    { pname = "cudatoolkit"; }
+  ]) [ true false ])
+  (expect "cpu: no GPU driver" [
+    (nixos "cpu").hardware.graphics.enable
+    (nixos "cpu").services.xserver.videoDrivers
+  ] [ false [ ] ])
+]
