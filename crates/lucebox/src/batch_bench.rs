@@ -1,6 +1,7 @@
 //! `lucebox bench --batch`: aggregate decode throughput of many sequences at once through the
 //! batch engine, as llama.cpp's batched-bench measures it.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use anyhow::bail;
@@ -10,13 +11,15 @@ use lucebox_engine::{
 };
 
 use crate::bench::median;
+use lucebox_backend::Backend;
+
 use crate::load::Loaded;
 
 /// For each level of `batch`: `prompt_tokens` random tokens per sequence are prefilled (timed
 /// as one figure), then `gen_tokens` greedy steps of all sequences together are timed; the
 /// median over `repetitions` runs, after one untimed warm-up.
-pub(crate) fn run(
-    target: &Loaded,
+pub(crate) fn run<B: Backend>(
+    target: &Loaded<B>,
     batch: &[usize],
     prompt_tokens: usize,
     gen_tokens: usize,
@@ -56,25 +59,37 @@ pub(crate) fn run(
                     logprobs: None,
                 })?;
             }
-            // One step, and the tokens it produced.
-            let mut step = || -> anyhow::Result<usize> {
+            // Prefill ends when every sequence has its first token; decode is timed from there
+            // until every sequence has finished. With prompts longer than a step, sequences
+            // whose prefill ended early decode beside the others' prefill: those tokens count
+            // in neither rate.
+            let mut first_token_seen = HashSet::new();
+            let mut finished = 0;
+            let started = Instant::now();
+            while first_token_seen.len() < sequences {
                 events.clear();
                 batcher.step(&mut events)?;
-                Ok(events
-                    .iter()
-                    .filter(|e| matches!(e, Event::Token { .. }))
-                    .count())
-            };
-            let started = Instant::now();
-            let mut first_tokens = 0;
-            while first_tokens < sequences {
-                first_tokens += step()?;
+                for event in &events {
+                    match event {
+                        Event::Token { id, .. } => {
+                            first_token_seen.insert(*id);
+                        }
+                        Event::Finished { .. } => finished += 1,
+                    }
+                }
             }
             let prefill = (sequences * prompt_tokens) as f64 / started.elapsed().as_secs_f64();
             let started = Instant::now();
             let mut generated = 0;
-            while generated < sequences * gen_tokens {
-                generated += step()?;
+            while finished < sequences {
+                events.clear();
+                batcher.step(&mut events)?;
+                for event in &events {
+                    match event {
+                        Event::Token { .. } => generated += 1,
+                        Event::Finished { .. } => finished += 1,
+                    }
+                }
             }
             let decode = generated as f64 / started.elapsed().as_secs_f64();
             if run > 0 {
