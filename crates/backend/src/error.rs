@@ -33,6 +33,16 @@ pub enum Error {
         /// How much was asked for.
         bytes: u64,
     },
+    /// The device failed an operation.
+    #[error("{backend}: {op}: {detail}")]
+    Device {
+        /// The backend's name.
+        backend: &'static str,
+        /// The operation.
+        op: &'static str,
+        /// What the device's driver said.
+        detail: String,
+    },
     /// The backend is not available on this machine or in this build.
     #[error("{backend} backend unavailable: {reason}")]
     Unavailable {

@@ -33,18 +33,7 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits() {
         .iter()
         .map(|s| common::prefill_logits(&model, s))
         .collect();
-    // Interleave the sequences' tokens round-robin, as a scheduler mixing decodes and prefills would.
-    let longest = sequences.iter().map(Vec::len).max().unwrap();
-    let mut order = Vec::new();
-    for i in 0..longest {
-        order.extend(
-            sequences
-                .iter()
-                .enumerate()
-                .filter(|(_, seq)| i < seq.len())
-                .map(|(s, _)| (s, i)),
-        );
-    }
+    let order = common::round_robin(&sequences);
     let together = common::batched_logits(&model, &sequences, &order);
     for (s, (a, b)) in alone.iter().zip(&together).enumerate() {
         assert!(

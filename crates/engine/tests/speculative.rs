@@ -14,7 +14,6 @@ use lucebox_engine::speculative::{
 use lucebox_engine::{Generator, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_gguf::{GgufFile, GgufWriter, Value};
 use lucebox_model::Model;
-use lucebox_tokenizer::Tokenizer;
 
 const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
 const DRAFTER: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
@@ -44,16 +43,6 @@ const PROMPTS: [&str; 20] = [
     "# Sorting algorithms\n\n## Quicksort\n\n",
     "Q: What is a hash map?\nA:",
 ];
-
-fn tokenize(file: &GgufFile, text: &str) -> Vec<u32> {
-    let tokenizer = Tokenizer::from_gguf(file.metadata()).unwrap();
-    let mut ids = Vec::new();
-    if tokenizer.add_bos() {
-        ids.extend(tokenizer.bos());
-    }
-    ids.extend(tokenizer.encode(text, false));
-    ids
-}
 
 fn config() -> SessionConfig {
     SessionConfig {
@@ -112,7 +101,7 @@ fn greedy_speculation_reproduces_plain_greedy_decoding() {
     let (file, target) = common::load(TARGET);
     let (_, drafter) = common::load(DRAFTER);
     let greedy = SamplingParams::default();
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| tokenize(&file, p)).collect();
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
     let mut session = Session::new(Arc::clone(&target), config()).unwrap();
     let expected: Vec<Vec<u32>> = prompts
         .iter()
@@ -252,7 +241,7 @@ fn sampled_speculation_draws_from_the_target_distribution() {
     let (file, target) = common::load(SMALL);
     let backend = Arc::clone(target.backend());
     let drafter = Arc::new(Model::load(backend, skipping_blocks(&file, 12..20)).unwrap());
-    let prompt = tokenize(&file, "The best thing about programming is");
+    let prompt = common::tokenize(&file, "The best thing about programming is");
     for (temperature, top_p) in [(0.7, 0.9), (1.0, 0.95)] {
         let params = |seed| SamplingParams {
             temperature,
@@ -314,7 +303,7 @@ fn after_rejections_the_target_cache_equals_a_fresh_run() {
     let (file, target) = common::load(SMALL);
     let backend = Arc::clone(target.backend());
     let drafter = Arc::new(Model::load(backend, skipping_blocks(&file, 4..26)).unwrap());
-    let prompt = tokenize(&file, "Write a haiku about the sea:");
+    let prompt = common::tokenize(&file, "Write a haiku about the sea:");
     let params = SamplingParams {
         temperature: 1.0,
         seed: Some(7),

@@ -1,11 +1,13 @@
 //! `lucebox bench`: prefill and decode throughput of one model, as llama-bench measures them.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use lucebox_backend::Backend;
 use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
 
-use crate::load::{cpu_backend, load_model};
+use crate::load::{Device, cpu_backend, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -24,6 +26,9 @@ pub(crate) struct BenchArgs {
     /// Threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// The backend to measure.
+    #[arg(long, value_enum, default_value_t)]
+    device: Device,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -94,7 +99,18 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--draft goes with --spec or --serve");
     }
     let model_arg = args.model.as_deref().context("--model is required")?;
-    let target = load_model(model_arg, &cpu_backend(args.threads)?).context("--model")?;
+    match args.device {
+        Device::Cpu => bench_on(&cpu_backend(args.threads)?, &args, model_arg),
+        #[cfg(feature = "cuda")]
+        Device::Cuda => bench_on(&crate::load::cuda_backend()?, &args, model_arg),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => bail!(crate::load::NO_CUDA),
+    }
+}
+
+/// Loads the model on `backend` and runs the benchmark `args` ask for.
+fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> anyhow::Result<()> {
+    let target = load_model(model_arg, backend).context("--model")?;
     if args.spec {
         return crate::spec_bench::run(
             &target,
@@ -118,9 +134,16 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.json,
         );
     }
+    // A decode step reads every weight once (the embedding table too, where the output shares it).
+    let weight_bytes: u64 = target
+        .file
+        .tensor_infos()
+        .iter()
+        .map(|t| t.byte_len())
+        .sum();
     let model = target.model;
     let vocab = model.config().vocab as u64;
-    let describe = lucebox_backend::Backend::describe(&**model.backend());
+    let describe = model.backend().describe();
     let config = SessionConfig {
         context: args.prompt_tokens.max(args.gen_tokens),
         prefill_chunk: args.prompt_tokens,
@@ -168,6 +191,8 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             "repetitions": args.repetitions,
             "prefill_tok_s": prefill,
             "decode_tok_s": decode,
+            "weight_bytes": weight_bytes,
+            "decode_weight_bandwidth_gb_s": decode * weight_bytes as f64 / 1e9,
             "prefill_runs_tok_s": prefill_runs,
             "decode_runs_tok_s": decode_runs,
         });
@@ -175,6 +200,11 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         println!("model    {model_arg}");
         println!("backend  {describe}");
+        println!(
+            "weights  {:.2} GiB, read once per decode step: {:.1} GB/s at the median decode rate",
+            weight_bytes as f64 / f64::from(1 << 30),
+            decode * weight_bytes as f64 / 1e9
+        );
         println!(
             "{:<10} {:>8} {:>12} {:>12} {:>12}",
             "test", "tokens", "median t/s", "min t/s", "max t/s"

@@ -12,6 +12,8 @@ use lucebox_engine::speculative::{
 use lucebox_engine::{Generator, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 
+use lucebox_backend::Backend;
+
 use crate::load::{Loaded, cpu_backend, load_model};
 
 #[derive(Debug, clap::Args)]
@@ -85,7 +87,7 @@ impl SpeculationArgs {
 
 /// The drafter model `arg` on the target's backend, refused with a one-line reason when the
 /// pair fails the checks that need no model run.
-pub(crate) fn load_drafter(arg: &str, target: &Loaded) -> anyhow::Result<Loaded> {
+pub(crate) fn load_drafter<B: Backend>(arg: &str, target: &Loaded<B>) -> anyhow::Result<Loaded<B>> {
     let drafter = load_model(arg, target.model.backend()).context("--draft")?;
     crate::pair::refuse_failing_pair(target, &drafter)?;
     Ok(drafter)
@@ -242,8 +244,8 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
 /// The token ids of a prompt: raw text (a BOS token first exactly when the file asks for one),
 /// or with `chat` the user's message, after an optional system message, rendered by the file's
 /// own chat template.
-pub(crate) fn prompt_tokens(
-    model: &Loaded,
+pub(crate) fn prompt_tokens<B: Backend>(
+    model: &Loaded<B>,
     tokenizer: &Tokenizer,
     text: &str,
     chat: bool,

@@ -4,19 +4,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use lucebox_backend::CpuBackend;
+use lucebox_backend::{Backend, CpuBackend};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
-/// A model loaded from a `--model`-style argument.
-pub(crate) struct Loaded {
+/// A model loaded from a `--model`-style argument, on the CPU unless said otherwise.
+pub(crate) struct Loaded<B: Backend = CpuBackend> {
     /// The argument as given.
     pub label: String,
     /// The catalogue entry the argument named, or whose name the file carries.
     pub catalogue_name: Option<String>,
     pub path: PathBuf,
     pub file: Arc<GgufFile>,
-    pub model: Arc<Model<CpuBackend>>,
+    pub model: Arc<Model<B>>,
 }
 
 /// A model argument: a GGUF path, or the name of a catalogue model, fetched first when the
@@ -47,6 +47,28 @@ pub(crate) fn resolve_model(arg: &str) -> anyhow::Result<(PathBuf, Option<String
     Ok((crate::fetch::fetch_model(model)?, name))
 }
 
+/// Which compute backend a command runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Device {
+    /// The CPU backend.
+    #[default]
+    Cpu,
+    /// The first CUDA device (builds with the `cuda` feature).
+    Cuda,
+}
+
+/// The CUDA backend on the first device.
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_backend() -> anyhow::Result<Arc<lucebox_backend::CudaBackend>> {
+    Ok(Arc::new(lucebox_backend::CudaBackend::new(0)?))
+}
+
+/// What a build without the CUDA backend says when asked for it.
+#[cfg(not(feature = "cuda"))]
+pub(crate) const NO_CUDA: &str =
+    "--device cuda: this lucebox was built without the CUDA backend (cargo build --features cuda)";
+
 /// The CPU backend with `threads` threads (all cores when `None`), shared by every model of a
 /// command so that target and drafter do not compete with two thread pools.
 pub(crate) fn cpu_backend(threads: Option<usize>) -> anyhow::Result<Arc<CpuBackend>> {
@@ -54,7 +76,7 @@ pub(crate) fn cpu_backend(threads: Option<usize>) -> anyhow::Result<Arc<CpuBacke
 }
 
 /// The model named by `arg`, on `backend`.
-pub(crate) fn load_model(arg: &str, backend: &Arc<CpuBackend>) -> anyhow::Result<Loaded> {
+pub(crate) fn load_model<B: Backend>(arg: &str, backend: &Arc<B>) -> anyhow::Result<Loaded<B>> {
     let (path, catalogue_name) = resolve_model(arg)?;
     let file = Arc::new(GgufFile::open(&path).with_context(|| path.display().to_string())?);
     let model = Model::load(Arc::clone(backend), Arc::clone(&file))

@@ -13,6 +13,8 @@ use lucebox_tokenizer::Tokenizer;
 use serde::Serialize;
 
 use crate::generate::prompt_tokens;
+use lucebox_backend::Backend;
+
 use crate::load::{Loaded, cpu_backend, load_model};
 
 #[derive(Debug, clap::Args)]
@@ -67,7 +69,7 @@ struct Record {
     probe: Option<Probe>,
 }
 
-fn facts(loaded: &Loaded, hash: bool) -> anyhow::Result<ModelFacts> {
+fn facts<B: Backend>(loaded: &Loaded<B>, hash: bool) -> anyhow::Result<ModelFacts> {
     let tokenizer = Tokenizer::from_gguf(loaded.file.metadata())
         .with_context(|| format!("{}: tokenizer", loaded.label))?;
     let sha256 = if hash && loaded.catalogue_name.is_some() {
@@ -91,7 +93,10 @@ fn facts(loaded: &Loaded, hash: bool) -> anyhow::Result<ModelFacts> {
 
 /// Refuses a drafter that fails the checks needing no model run (hashes are left to
 /// `verify-pair` and `fetch`), with the first failure as a one-line reason.
-pub(crate) fn refuse_failing_pair(target: &Loaded, drafter: &Loaded) -> anyhow::Result<()> {
+pub(crate) fn refuse_failing_pair<B: Backend>(
+    target: &Loaded<B>,
+    drafter: &Loaded<B>,
+) -> anyhow::Result<()> {
     let findings = check_pair(
         &facts(target, false)?,
         &facts(drafter, false)?,

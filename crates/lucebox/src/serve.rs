@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::generate::{draft_policy, load_drafter};
-use crate::load::{cpu_backend, load_model};
+use crate::load::{Device, cpu_backend, load_model};
 
 /// Flags of `lucebox serve`; each overrides the same key of the --config file.
 #[derive(Debug, Args)]
@@ -57,9 +57,12 @@ pub struct ServeArgs {
     /// [default: profile].
     #[arg(long, value_name = "MIB")]
     kv_cache_mib: Option<u64>,
-    /// Compute threads [default: all cores].
+    /// Compute threads of the CPU backend [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
+    /// The backend to serve on [default: cpu].
+    #[arg(long, value_enum)]
+    device: Option<Device>,
     /// Address to listen on [default: 127.0.0.1].
     #[arg(long)]
     host: Option<IpAddr>,
@@ -112,6 +115,7 @@ struct FileConfig {
     step_tokens: Option<usize>,
     kv_cache_mib: Option<u64>,
     threads: Option<usize>,
+    device: Option<Device>,
     host: Option<IpAddr>,
     port: Option<u16>,
     api_key: Option<String>,
@@ -136,6 +140,7 @@ struct Settings {
     step_tokens: usize,
     kv_cache_mib: u64,
     threads: Option<usize>,
+    device: Device,
     log_format: LogFormat,
     server: ServerConfig,
 }
@@ -229,6 +234,11 @@ impl Settings {
         if file.api_key.is_some() && file.api_key_file.is_some() {
             bail!("--config: `api_key` and `api_key_file` both set the key: give one of them");
         }
+        let device = args.device.or(file.device).unwrap_or_default();
+        #[cfg(not(feature = "cuda"))]
+        if device == Device::Cuda {
+            bail!(crate::load::NO_CUDA);
+        }
         let api_key = match (args.api_key, args.api_key_file) {
             (None, None) => (file.api_key, file.api_key_file),
             flags => flags,
@@ -252,6 +262,7 @@ impl Settings {
                 .or(file.kv_cache_mib)
                 .unwrap_or(defaults.kv_cache_mib),
             threads: args.threads.or(file.threads),
+            device,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             server: ServerConfig {
                 listen: SocketAddr::new(host, port),
@@ -370,11 +381,21 @@ where
     }
 }
 
-/// Loads the model (and drafter), and builds the batch engine that serves them.
+/// Loads the model (and drafter) on the chosen device.
 fn load(settings: &Settings) -> anyhow::Result<Engine> {
-    let backend = cpu_backend(settings.threads)?;
+    match settings.device {
+        Device::Cpu => load_on(&cpu_backend(settings.threads)?, settings),
+        #[cfg(feature = "cuda")]
+        Device::Cuda => load_on(&crate::load::cuda_backend()?, settings),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => bail!(crate::load::NO_CUDA),
+    }
+}
+
+/// Loads the model (and drafter) on `backend` and builds the batch engine that serves them.
+fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<Engine> {
     lucebox_server::notify::status(&format!("loading {}", settings.model));
-    let target = load_model(&settings.model, &backend).context("--model")?;
+    let target = load_model(&settings.model, backend).context("--model")?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
     let template = ChatTemplate::from_gguf(target.file.metadata()).context("chat template")?;
     let model_id = target

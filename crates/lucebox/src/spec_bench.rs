@@ -11,6 +11,8 @@ use lucebox_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
 use crate::generate::{draft_policy, load_drafter, prompt_tokens};
+use lucebox_backend::Backend;
+
 use crate::load::Loaded;
 
 /// The prompt set, embedded at build time.
@@ -65,7 +67,7 @@ pub(crate) struct SpecBenchArgs<'a> {
     pub json: bool,
 }
 
-pub(crate) fn run(target: &Loaded, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
+pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
     let policy = draft_policy(args.draft_tokens, args.fixed_draft)?;
     let prompts = prompt_set()?;
     let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;

@@ -248,3 +248,21 @@ fn doctor_says_plainly_when_there_is_no_gpu_and_names_the_one_there_is() {
         )
     );
 }
+
+#[test]
+#[cfg(not(feature = "cuda"))]
+fn a_build_without_cuda_says_so_when_asked_for_it() {
+    for command in ["bench", "serve"] {
+        let mut args = vec![
+            command,
+            "--device",
+            "cuda",
+            "--model",
+            "smollm2-135m-instruct-q4_1",
+        ];
+        if command == "serve" {
+            args.extend(["--port", "0"]);
+        }
+        assert_one_line_error(&args, "this lucebox was built without the CUDA backend");
+    }
+}

@@ -13,7 +13,8 @@ use half::f16;
 use lucebox_gguf::{GgufFile, TensorView};
 use lucebox_quant::{Isa, WeightFormat};
 
-use crate::batch::{check_kv_positions, slot_of};
+use crate::batch::slot_of;
+use crate::checks::{self, Dims};
 use crate::{
     AttentionShape, Backend, BatchCapacity, Error, KvLayout, RaggedBatch, Rope, RopeStyle,
 };
@@ -135,6 +136,13 @@ pub struct CpuActivations {
 }
 
 impl CpuActivations {
+    fn dims(&self) -> Dims {
+        Dims {
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
     fn rows(&self, rows: usize) -> &[f32] {
         &self.data[..rows * self.cols]
     }
@@ -160,26 +168,6 @@ pub struct CpuBatch {
     batch: RaggedBatch,
     cos: Vec<f32>,
     sin: Vec<f32>,
-}
-
-fn check_rows(op: &'static str, rows: usize, what: &CpuActivations) -> Result<(), Error> {
-    if rows > what.rows {
-        return Err(Error::Shape {
-            op,
-            detail: format!("{rows} rows exceed the capacity of {}", what.rows),
-        });
-    }
-    Ok(())
-}
-
-fn check_cols(op: &'static str, name: &str, got: usize, want: usize) -> Result<(), Error> {
-    if got != want {
-        return Err(Error::Shape {
-            op,
-            detail: format!("{name} has {got} columns, expected {want}"),
-        });
-    }
-    Ok(())
 }
 
 impl Backend for CpuBackend {
@@ -263,20 +251,7 @@ impl Backend for CpuBackend {
     }
 
     fn set_batch(&self, dst: &mut CpuBatch, src: &RaggedBatch) -> Result<(), Error> {
-        let cap = dst.capacity;
-        if src.len() > cap.tokens
-            || src.sequences() > cap.sequences
-            || src.block_ids.len() > cap.blocks
-            || src.logits_rows().len() > cap.logits
-        {
-            return Err(Error::Batch(format!(
-                "{} tokens, {} sequences, {} blocks, {} logits rows exceed the capacity {cap:?}",
-                src.len(),
-                src.sequences(),
-                src.block_ids.len(),
-                src.logits_rows().len(),
-            )));
-        }
+        checks::set_batch(src, dst.capacity)?;
         dst.batch.copy_from(src);
         dst.rope.tables(src.positions(), &mut dst.cos, &mut dst.sin);
         Ok(())
@@ -288,15 +263,8 @@ impl Backend for CpuBackend {
         batch: &CpuBatch,
         out: &mut CpuActivations,
     ) -> Result<(), Error> {
+        checks::embed(&batch.batch, (table.rows, table.cols), out.dims())?;
         let tokens = batch.batch.tokens();
-        check_rows("embed", tokens.len(), out)?;
-        check_cols("embed", "output", out.cols, table.cols)?;
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
-            return Err(Error::Batch(format!(
-                "token {t} is not below the vocabulary size {}",
-                table.rows
-            )));
-        }
         let bytes = table.bytes();
         let cols = table.cols;
         for (&token, row) in tokens.iter().zip(out.data.chunks_exact_mut(cols)) {
@@ -315,10 +283,7 @@ impl Backend for CpuBackend {
         rows: usize,
         out: &mut CpuActivations,
     ) -> Result<(), Error> {
-        check_rows("rms_norm", rows, x)?;
-        check_rows("rms_norm", rows, out)?;
-        check_cols("rms_norm", "input", x.cols, weight.0.len())?;
-        check_cols("rms_norm", "output", out.cols, weight.0.len())?;
+        checks::rms_norm(rows, x.dims(), weight.0.len(), out.dims())?;
         for (src, dst) in x
             .rows(rows)
             .chunks_exact(x.cols)
@@ -336,14 +301,8 @@ impl Backend for CpuBackend {
         eps: f32,
         rows: usize,
     ) -> Result<(), Error> {
-        check_rows("rms_norm_heads", rows, x)?;
         let head_dim = weight.0.len();
-        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
-            return Err(Error::Shape {
-                op: "rms_norm_heads",
-                detail: format!("{} columns do not split into heads of {head_dim}", x.cols),
-            });
-        }
+        checks::rms_norm_heads(rows, x.dims(), head_dim)?;
         for head in x.rows_mut(rows).chunks_exact_mut(head_dim) {
             elementwise::rms_norm_in_place(head, &weight.0, eps);
         }
@@ -358,13 +317,13 @@ impl Backend for CpuBackend {
         rows: usize,
         out: &mut CpuActivations,
     ) -> Result<(), Error> {
-        check_rows("matmul", rows, x)?;
-        check_rows("matmul", rows, out)?;
-        check_cols("matmul", "input", x.cols, matrix.cols)?;
-        check_cols("matmul", "output", out.cols, matrix.rows)?;
-        if let Some(b) = bias {
-            check_cols("matmul", "bias", b.0.len(), matrix.rows)?;
-        }
+        checks::matmul(
+            rows,
+            (matrix.rows, matrix.cols),
+            bias.map(|b| b.0.len()),
+            x.dims(),
+            out.dims(),
+        )?;
         let mut quantized = self.quantized.lock().unwrap_or_else(|e| e.into_inner());
         matmul::matmul(
             &self.pool,
@@ -379,17 +338,8 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, x: &mut CpuActivations, batch: &CpuBatch, head_dim: usize) -> Result<(), Error> {
+        checks::rope(&batch.batch, x.dims(), head_dim, batch.rope.rotary_dims)?;
         let rows = batch.batch.len();
-        check_rows("rope", rows, x)?;
-        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) || batch.rope.rotary_dims > head_dim {
-            return Err(Error::Shape {
-                op: "rope",
-                detail: format!(
-                    "{} columns, heads of {head_dim}, {} rotary dims",
-                    x.cols, batch.rope.rotary_dims
-                ),
-            });
-        }
         let half_rot = batch.rope.rotary_dims / 2;
         let cols = x.cols;
         for (t, row) in x.rows_mut(rows).chunks_exact_mut(cols).enumerate() {
@@ -414,19 +364,9 @@ impl Backend for CpuBackend {
         batch: &CpuBatch,
     ) -> Result<(), Error> {
         let l = cache.layout;
+        checks::store_kv(&l, layer, &batch.batch, k.dims(), v.dims())?;
         let width = l.kv_heads * l.head_dim;
         let rows = batch.batch.len();
-        check_rows("store_kv", rows, k)?;
-        check_rows("store_kv", rows, v)?;
-        check_cols("store_kv", "k", k.cols, width)?;
-        check_cols("store_kv", "v", v.cols, width)?;
-        if layer >= l.layers {
-            return Err(Error::Shape {
-                op: "store_kv",
-                detail: format!("layer {layer} of {}", l.layers),
-            });
-        }
-        check_kv_positions(&batch.batch, &l)?;
         for t in 0..rows {
             let slot = slot_of(&batch.batch, &l, t);
             let dst = slot * width..(slot + 1) * width;
@@ -447,27 +387,8 @@ impl Backend for CpuBackend {
         out: &mut CpuActivations,
     ) -> Result<(), Error> {
         let l = cache.layout;
+        checks::attention(&l, layer, &batch.batch, shape, None, q.dims(), out.dims())?;
         let rows = batch.batch.len();
-        check_rows("attention", rows, q)?;
-        check_rows("attention", rows, out)?;
-        check_cols("attention", "q", q.cols, shape.heads * shape.head_dim)?;
-        check_cols(
-            "attention",
-            "output",
-            out.cols,
-            shape.heads * shape.head_dim,
-        )?;
-        if shape.kv_heads != l.kv_heads
-            || shape.head_dim != l.head_dim
-            || !shape.heads.is_multiple_of(shape.kv_heads)
-            || layer >= l.layers
-        {
-            return Err(Error::Shape {
-                op: "attention",
-                detail: format!("{shape:?} against the cache {l:?}, layer {layer}"),
-            });
-        }
-        check_kv_positions(&batch.batch, &l)?;
         let mut scratch = self
             .attention_scratch
             .lock()
@@ -492,17 +413,13 @@ impl Backend for CpuBackend {
         up: &CpuActivations,
         rows: usize,
     ) -> Result<(), Error> {
-        check_rows("silu_mul", rows, gate)?;
-        check_rows("silu_mul", rows, up)?;
-        check_cols("silu_mul", "up", up.cols, gate.cols)?;
+        checks::elementwise("silu_mul", rows, gate.dims(), up.dims())?;
         elementwise::silu_mul(gate.rows_mut(rows), up.rows(rows));
         Ok(())
     }
 
     fn add(&self, x: &mut CpuActivations, y: &CpuActivations, rows: usize) -> Result<(), Error> {
-        check_rows("add", rows, x)?;
-        check_rows("add", rows, y)?;
-        check_cols("add", "y", y.cols, x.cols)?;
+        checks::elementwise("add", rows, x.dims(), y.dims())?;
         for (a, b) in x.rows_mut(rows).iter_mut().zip(y.rows(rows)) {
             *a += b;
         }
@@ -515,10 +432,8 @@ impl Backend for CpuBackend {
         batch: &CpuBatch,
         out: &mut CpuActivations,
     ) -> Result<(), Error> {
+        checks::gather_logits_rows(&batch.batch, x.dims(), out.dims())?;
         let wanted = batch.batch.logits_rows();
-        check_rows("gather_logits_rows", wanted.len(), out)?;
-        check_rows("gather_logits_rows", batch.batch.len(), x)?;
-        check_cols("gather_logits_rows", "output", out.cols, x.cols)?;
         let cols = x.cols;
         for (i, &row) in wanted.iter().enumerate() {
             let row = row as usize;
@@ -529,19 +444,13 @@ impl Backend for CpuBackend {
     }
 
     fn read_rows(&self, x: &CpuActivations, rows: usize, out: &mut [f32]) -> Result<(), Error> {
-        check_rows("read_rows", rows, x)?;
-        if out.len() != rows * x.cols {
-            return Err(Error::Shape {
-                op: "read_rows",
-                detail: format!("{} values for {rows} rows of {}", out.len(), x.cols),
-            });
-        }
+        checks::read_rows(rows, x.dims(), out.len())?;
         out.copy_from_slice(x.rows(rows));
         Ok(())
     }
 
     fn argmax_rows(&self, x: &CpuActivations, out: &mut [u32]) -> Result<(), Error> {
-        check_rows("argmax_rows", out.len(), x)?;
+        checks::rows("argmax_rows", out.len(), x.rows)?;
         for (row, best) in x.rows(out.len()).chunks_exact(x.cols).zip(out.iter_mut()) {
             *best = crate::argmax(row);
         }

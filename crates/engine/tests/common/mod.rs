@@ -27,8 +27,8 @@ pub fn load_on_threads(
 
 /// Runs `sequences` as one ragged batch, token order given by `order` (pairs of sequence index
 /// and offset within it), every token wanting logits; returns each sequence's logits rows.
-pub fn batched_logits(
-    model: &Model<CpuBackend>,
+pub fn batched_logits<B: Backend>(
+    model: &Model<B>,
     sequences: &[Vec<u32>],
     order: &[(usize, usize)],
 ) -> Vec<Vec<f32>> {
@@ -78,8 +78,37 @@ pub fn batched_logits(
     per_sequence
 }
 
+/// `text` as the file's tokenizer encodes a raw prompt: a BOS token first when the file asks
+/// for one.
+pub fn tokenize(file: &GgufFile, text: &str) -> Vec<u32> {
+    let tokenizer = lucebox_tokenizer::Tokenizer::from_gguf(file.metadata()).unwrap();
+    let mut ids = Vec::new();
+    if tokenizer.add_bos() {
+        ids.extend(tokenizer.bos());
+    }
+    ids.extend(tokenizer.encode(text, false));
+    ids
+}
+
+/// The sequences' tokens taken round-robin, as a scheduler mixing decodes and prefills would
+/// feed them: (sequence, offset) pairs for [`batched_logits`].
+pub fn round_robin(sequences: &[Vec<u32>]) -> Vec<(usize, usize)> {
+    let longest = sequences.iter().map(Vec::len).max().unwrap_or(0);
+    let mut order = Vec::new();
+    for i in 0..longest {
+        order.extend(
+            sequences
+                .iter()
+                .enumerate()
+                .filter(|(_, seq)| i < seq.len())
+                .map(|(s, _)| (s, i)),
+        );
+    }
+    order
+}
+
 /// The logits at every position of `tokens`, from one forward pass.
-pub fn prefill_logits(model: &Model<CpuBackend>, tokens: &[u32]) -> Vec<f32> {
+pub fn prefill_logits<B: Backend>(model: &Model<B>, tokens: &[u32]) -> Vec<f32> {
     let order: Vec<(usize, usize)> = (0..tokens.len()).map(|i| (0, i)).collect();
     batched_logits(model, &[tokens.to_vec()], &order).remove(0)
 }

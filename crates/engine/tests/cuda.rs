@@ -1,0 +1,245 @@
+//! The CUDA backend against the CPU backend on the real models: logits within a stated bound,
+//! greedy continuations identical, speculative greedy output equal to plain greedy output on
+//! the device, and each sequence of a ragged batch getting exactly its own logits.
+//!
+//! Built with `--features cuda`; run on a machine with an NVIDIA GPU and the models fetched
+//! (`cargo test -p lucebox-engine --features cuda --release --test cuda -- --include-ignored`).
+//! Each test prints what it measured.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use lucebox_backend::{Backend, CpuBackend, CudaBackend};
+use lucebox_engine::speculative::{DraftPolicy, ModelDrafter, NgramDrafter, Speculator};
+use lucebox_engine::{Generator, Rng, Sampler, SamplingParams, Session, SessionConfig};
+use lucebox_gguf::GgufFile;
+use lucebox_model::Model;
+
+const MODELS: [&str; 3] = [
+    "smollm2-135m-instruct-q4_1",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    "qwen2.5-coder-1.5b-instruct-q4_k_m",
+];
+const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
+const DRAFTER: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
+
+/// The largest relative L2 distance allowed between the two backends' logits rows. The CPU
+/// quantizes activations in two 8-bit parts and the GPU keeps them in f32, so they differ by
+/// rounding alone; both are within 1.2e-3 of a float64 reference (tests/reference).
+const LOGITS_BOUND: f64 = 5e-3;
+
+const PROMPTS: [&str; 4] = [
+    "def fibonacci(n):\n",
+    "The capital of France is",
+    "Rename the variable x to count:\nx = 0\nfor item in items:\n    x += 1\nprint(x)\n\nResult:\n",
+    "#include <stdio.h>\n\nint main(void) {\n",
+];
+
+fn open(name: &str) -> Arc<GgufFile> {
+    Arc::new(GgufFile::open(lucebox_testkit::model(name)).unwrap())
+}
+
+fn on<B: Backend>(backend: &Arc<B>, file: &Arc<GgufFile>) -> Arc<Model<B>> {
+    Arc::new(Model::load(Arc::clone(backend), Arc::clone(file)).unwrap())
+}
+
+fn cuda() -> Arc<CudaBackend> {
+    Arc::new(CudaBackend::new(0).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        diff += (f64::from(x) - f64::from(y)).powi(2);
+        norm += f64::from(y).powi(2);
+    }
+    (diff / norm).sqrt()
+}
+
+fn greedy<G: Generator>(generator: &mut G, prompt: &[u32], tokens: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    generator
+        .generate(
+            prompt,
+            &mut Sampler::new(SamplingParams::default()),
+            tokens,
+            &|_| false,
+            &mut |t| {
+                out.push(t);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+    out
+}
+
+fn config() -> SessionConfig {
+    SessionConfig {
+        context: 512,
+        ..SessionConfig::default()
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and fetched models"]
+fn logits_agree_with_the_cpu_within_the_bound() {
+    let gpu = cuda();
+    let cpu = Arc::new(CpuBackend::new(None).unwrap());
+    println!("{}", gpu.describe());
+    for name in MODELS {
+        let file = open(name);
+        let (on_cpu, on_gpu) = (on(&cpu, &file), on(&gpu, &file));
+        let vocab = on_cpu.config().vocab;
+        let mut worst = 0.0f64;
+        let mut argmax_differs = 0;
+        let mut rows = 0;
+        for prompt in PROMPTS {
+            let tokens = common::tokenize(&file, prompt);
+            let a = common::prefill_logits(&on_gpu, &tokens);
+            let b = common::prefill_logits(&on_cpu, &tokens);
+            for (x, y) in a.chunks_exact(vocab).zip(b.chunks_exact(vocab)) {
+                worst = worst.max(relative_l2(x, y));
+                argmax_differs +=
+                    usize::from(lucebox_backend::argmax(x) != lucebox_backend::argmax(y));
+                rows += 1;
+            }
+        }
+        println!(
+            "{name}: {rows} rows, worst relative L2 {worst:.2e}, argmax differs in {argmax_differs}"
+        );
+        assert!(
+            worst <= LOGITS_BOUND,
+            "{name}: relative L2 {worst:.2e} > {LOGITS_BOUND:e}"
+        );
+    }
+}
+
+/// The largest logit gap, on either backend, between the two tokens where their greedy
+/// continuations part: a near-tie that rounding may break either way. The backends' logits
+/// differ by about 1e-3 per entry (LOGITS_BOUND), so anything larger is a defect.
+const NEAR_TIE: f32 = 0.05;
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and fetched models"]
+fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie() {
+    let gpu = cuda();
+    let cpu = Arc::new(CpuBackend::new(None).unwrap());
+    for name in MODELS {
+        let file = open(name);
+        let (on_cpu, on_gpu) = (on(&cpu, &file), on(&gpu, &file));
+        let vocab = on_cpu.config().vocab;
+        let mut cpu_session = Session::new(Arc::clone(&on_cpu), config()).unwrap();
+        let mut gpu_session = Session::new(Arc::clone(&on_gpu), config()).unwrap();
+        let mut identical = 0;
+        for prompt in PROMPTS {
+            let tokens = common::tokenize(&file, prompt);
+            let expected = greedy(&mut cpu_session, &tokens, 64);
+            let got = greedy(&mut gpu_session, &tokens, 64);
+            let Some(at) = expected.iter().zip(&got).position(|(a, b)| a != b) else {
+                assert_eq!(got, expected, "{name}: {prompt:?}");
+                identical += 1;
+                continue;
+            };
+            // Both backends' logits where the continuations part, after the common prefix.
+            let mut prefix = tokens.clone();
+            prefix.extend_from_slice(&expected[..at]);
+            let (a, b) = (expected[at] as usize, got[at] as usize);
+            for (backend, logits) in [
+                ("cpu", common::prefill_logits(&on_cpu, &prefix)),
+                ("cuda", common::prefill_logits(&on_gpu, &prefix)),
+            ] {
+                let row = &logits[logits.len() - vocab..];
+                let gap = (row[a] - row[b]).abs();
+                println!(
+                    "{name}: {prompt:?} parts at token {at}: cpu {a}, cuda {b}; {backend} logit gap {gap:.4}"
+                );
+                assert!(
+                    gap <= NEAR_TIE,
+                    "{name}: {prompt:?}: gap {gap} at token {at} is no near-tie"
+                );
+            }
+        }
+        println!(
+            "{name}: {identical} of {} prompts x 64 greedy tokens identical",
+            PROMPTS.len()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and fetched models"]
+fn speculative_greedy_equals_plain_greedy_on_the_device() {
+    let gpu = cuda();
+    let (target_file, drafter_file) = (open(TARGET), open(DRAFTER));
+    let target = on(&gpu, &target_file);
+    let drafter = on(&gpu, &drafter_file);
+    let mut plain = Session::new(Arc::clone(&target), config()).unwrap();
+    for prompt in PROMPTS {
+        let tokens = common::tokenize(&target_file, prompt);
+        let expected = greedy(&mut plain, &tokens, 64);
+        for k in [1, 4, 8] {
+            let model_drafter = ModelDrafter::new(Arc::clone(&drafter), 512).unwrap();
+            let mut speculator = Speculator::new(
+                Arc::clone(&target),
+                config(),
+                Box::new(model_drafter),
+                DraftPolicy::Fixed(k),
+            )
+            .unwrap();
+            assert_eq!(
+                greedy(&mut speculator, &tokens, 64),
+                expected,
+                "drafter, k = {k}: {prompt:?}"
+            );
+            let mut ngram = Speculator::new(
+                Arc::clone(&target),
+                config(),
+                Box::<NgramDrafter>::default(),
+                DraftPolicy::Fixed(k),
+            )
+            .unwrap();
+            assert_eq!(
+                greedy(&mut ngram, &tokens, 64),
+                expected,
+                "n-gram, k = {k}: {prompt:?}"
+            );
+        }
+    }
+    println!(
+        "{} prompts, k = 1, 4, 8, drafter and n-gram: identical to plain",
+        PROMPTS.len()
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and fetched models"]
+fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
+    let gpu = cuda();
+    let file = open(TARGET);
+    let model = on(&gpu, &file);
+    let vocab = model.config().vocab;
+    let mut rng = Rng::seeded(7);
+    let sequences: Vec<Vec<u32>> = [5, 23, 1, 40, 9]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                .collect()
+        })
+        .collect();
+    let alone: Vec<Vec<f32>> = sequences
+        .iter()
+        .map(|s| common::prefill_logits(&model, s))
+        .collect();
+    let order = common::round_robin(&sequences);
+    let together = common::batched_logits(&model, &sequences, &order);
+    for (s, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert!(
+            a == b,
+            "sequence {s}: logits differ when batched with others"
+        );
+    }
+}

@@ -1,0 +1,28 @@
+// Small row-wise operations: the SwiGLU product, residual adds, and gathering the rows whose
+// logits are wanted.
+
+#include "common.cuh"
+
+extern "C" __global__ void silu_mul(float *gate, const float *up, unsigned long long n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+extern "C" __global__ void add(float *x, const float *y, unsigned long long n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        x[i] += y[i];
+    }
+}
+
+// out[i] = x[rows[i]]: one block per gathered row.
+extern "C" __global__ void gather_rows(const float *x, const unsigned *rows, int cols,
+                                       float *out) {
+    const float *src = x + (size_t)rows[blockIdx.x] * cols;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        out[(size_t)blockIdx.x * cols + j] = src[j];
+    }
+}

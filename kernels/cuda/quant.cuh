@@ -1,0 +1,151 @@
+// GGML block formats on the device: each decoder gives element `i` of one block, read in place
+// from the GGUF bytes. One struct per format; the matvec and row-gather kernels are templates
+// over them, so adding a format touches this file and the instance lists only.
+#pragma once
+
+#include "common.cuh"
+
+struct BlockF32 {
+    static constexpr int QK = 1, BYTES = 4;
+    static __device__ __forceinline__ float at(const uint8_t *b, int) {
+        float v;
+        memcpy(&v, b, 4);
+        return v;
+    }
+};
+
+struct BlockF16 {
+    static constexpr int QK = 1, BYTES = 2;
+    static __device__ __forceinline__ float at(const uint8_t *b, int) { return load_f16(b); }
+};
+
+// Elements 0..15 are the low nibbles of qs[0..16], 16..31 the high nibbles.
+static __device__ __forceinline__ int nibble32(const uint8_t *qs, int i) {
+    return i < 16 ? (qs[i] & 0xF) : (qs[i - 16] >> 4);
+}
+
+struct BlockQ4_0 {
+    static constexpr int QK = 32, BYTES = 18;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        return load_f16(b) * (float)(nibble32(b + 2, i) - 8);
+    }
+};
+
+struct BlockQ4_1 {
+    static constexpr int QK = 32, BYTES = 20;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        return load_f16(b) * (float)nibble32(b + 4, i) + load_f16(b + 2);
+    }
+};
+
+// The fifth bit of element i is bit i of the 32-bit qh.
+static __device__ __forceinline__ int fifth_bit(const uint8_t *qh, int i) {
+    return ((qh[i / 8] >> (i % 8)) & 1) << 4;
+}
+
+struct BlockQ5_0 {
+    static constexpr int QK = 32, BYTES = 22;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        return load_f16(b) * (float)((nibble32(b + 6, i) | fifth_bit(b + 2, i)) - 16);
+    }
+};
+
+struct BlockQ5_1 {
+    static constexpr int QK = 32, BYTES = 24;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        return load_f16(b) * (float)(nibble32(b + 8, i) | fifth_bit(b + 4, i)) + load_f16(b + 2);
+    }
+};
+
+struct BlockQ8_0 {
+    static constexpr int QK = 32, BYTES = 34;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        return load_f16(b) * (float)(int8_t)b[2 + i];
+    }
+};
+
+// The 6-bit scale and minimum of sub-block j (0..8) of a Q4_K or Q5_K block.
+static __device__ __forceinline__ void scale_min_k4(const uint8_t *q, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+// The scales and minimums, times d and dmin, of the two sub-blocks (2c and 2c+1) that share the
+// 64-element chunk c of a Q4_K or Q5_K block.
+struct ChunkScales {
+    float d_lo, min_lo, d_hi, min_hi;
+};
+
+static __device__ __forceinline__ ChunkScales chunk_scales_k4(const uint8_t *b, int chunk) {
+    const float d = load_f16(b), dmin = load_f16(b + 2);
+    int sc_lo, m_lo, sc_hi, m_hi;
+    scale_min_k4(b + 4, 2 * chunk, &sc_lo, &m_lo);
+    scale_min_k4(b + 4, 2 * chunk + 1, &sc_hi, &m_hi);
+    return {d * sc_lo, dmin * m_lo, d * sc_hi, dmin * m_hi};
+}
+
+// Q4_K: d, dmin (f16), 12 bytes of scales and minimums, 128 bytes of nibbles. Each 64 elements
+// share 32 bytes of qs: the first 32 are their low nibbles, the next 32 their high nibbles.
+struct BlockQ4_K {
+    static constexpr int QK = 256, BYTES = 144;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        const int chunk = i / 64, half = (i % 64) / 32, l = i % 32;
+        int sc, m;
+        scale_min_k4(b + 4, 2 * chunk + half, &sc, &m);
+        const uint8_t q = b[16 + 32 * chunk + l];
+        const int v = half ? (q >> 4) : (q & 0xF);
+        return load_f16(b) * (float)sc * (float)v - load_f16(b + 2) * (float)m;
+    }
+};
+
+// Q5_K: as Q4_K, with a fifth bit per element in 32 bytes of qh (bit 2*chunk + half of qh[l]).
+struct BlockQ5_K {
+    static constexpr int QK = 256, BYTES = 176;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        const int chunk = i / 64, half = (i % 64) / 32, l = i % 32;
+        int sc, m;
+        scale_min_k4(b + 4, 2 * chunk + half, &sc, &m);
+        const uint8_t q = b[48 + 32 * chunk + l];
+        const int high = ((b[16 + l] >> (2 * chunk + half)) & 1) << 4;
+        const int v = (half ? (q >> 4) : (q & 0xF)) | high;
+        return load_f16(b) * (float)sc * (float)v - load_f16(b + 2) * (float)m;
+    }
+};
+
+// Q6_K: 128 bytes of low nibbles, 64 bytes of high bit pairs, 16 signed 8-bit scales, d (f16).
+// Each 128 elements use 64 bytes of ql and 32 of qh, in four quarters of 32.
+struct BlockQ6_K {
+    static constexpr int QK = 256, BYTES = 210;
+    static __device__ __forceinline__ float at(const uint8_t *b, int i) {
+        const int n = i / 128, quarter = (i % 128) / 32, l = i % 32;
+        const uint8_t ql = b[64 * n + l + 32 * (quarter & 1)];
+        const int low = (ql >> (4 * (quarter >> 1))) & 0xF;
+        const int high = (b[128 + 32 * n + l] >> (2 * quarter)) & 3;
+        const int scale = (int8_t)b[192 + 8 * n + l / 16 + 2 * quarter];
+        return load_f16(b + 208) * (float)scale * (float)((low | (high << 4)) - 32);
+    }
+};
+
+// Element j of a row of blocks.
+template <typename Block>
+static __device__ __forceinline__ float row_at(const uint8_t *row, int j) {
+    return Block::at(row + (size_t)(j / Block::QK) * Block::BYTES, j % Block::QK);
+}
+
+// X(name, Block): every format the matvec and row-gather kernels are instantiated for.
+#define FOR_EACH_FORMAT(X) \
+    X(f32, BlockF32)       \
+    X(f16, BlockF16)       \
+    X(q4_0, BlockQ4_0)     \
+    X(q4_1, BlockQ4_1)     \
+    X(q5_0, BlockQ5_0)     \
+    X(q5_1, BlockQ5_1)     \
+    X(q8_0, BlockQ8_0)     \
+    X(q4_k, BlockQ4_K)     \
+    X(q5_k, BlockQ5_K)     \
+    X(q6_k, BlockQ6_K)
