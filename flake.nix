@@ -107,10 +107,11 @@
             }
             .${runtime};
 
-          # One chip's package. Kernels: there is no kernels/ directory yet, so nothing here builds
-          # GPU code and every GPU chip runs the CPU engine (hosts/<chip>.toml [engine]
-          # backend = "cpu"), which its meta.description says. When kernels/ exists, build them
-          # HERE, per chip, for chip.profile.chip.kernel_target with the chip's gpuToolchain:
+          # One chip's package. Kernels: nothing here builds GPU code yet, so every GPU chip runs
+          # the CPU engine (hosts/<chip>.toml [engine] backend = "cpu"), which its
+          # meta.description says. kernels/cuda/ exists and crates/backend/build.rs compiles it
+          # under `--features cuda` with $NVCC for $LUCEBOX_CUDA_ARCHS; build it HERE, per chip,
+          # for chip.profile.chip.kernel_target with the chip's gpuToolchain:
           #   cuda 12   nvcc of cudaPackages_12 for sm_86 (rtx3090) and sm_120 (rtx5090); CUDA is
           #             unfree, so that build needs a nixpkgs imported with allowUnfree;
           #   rocm 7.2  ROCm's clang/hipcc of rocmPackages for gfx1201 (r9700), gfx1151
