@@ -1,8 +1,10 @@
 // Quantized matrix times activations, for any number of activation rows (decode, verify and
 // prefill alike), and the row gather that embeds tokens. Weights stay in their GGUF blocks.
 //
-// mmv: one warp per weight row, walking it 256 elements at a time; each lane takes 8 of them,
-// decodes them once into registers and multiplies them with up to MMV_TOKENS activation rows.
+// mmv: one block of MMV_WARPS warps per weight row, the warps taking its 256-element windows in
+// turn; each lane takes 8 elements of a window, decodes them once into registers and multiplies
+// them with up to MMV_TOKENS activation rows. One block per row keeps the GPU busy even for the
+// small matrices of a decode step.
 // The K-quants map lanes onto their own layout (one aligned 32-bit load of packed quants per
 // lane, each sub-block's scale decoded once); the other formats decode 8 consecutive elements.
 
@@ -100,17 +102,16 @@ __device__ __forceinline__ LaneWeights lane_weights<BlockQ6_K>(const uint8_t *ro
 template <typename Block>
 static __device__ void mmv(const uint8_t *w, unsigned long long row_bytes, int rows, int cols,
                            const float *x, int tokens, const float *bias, float *out) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int row = blockIdx.x * MMV_WARPS + threadIdx.x / WARP_SIZE;
-    if (row >= rows) {
-        return;
-    }
+    __shared__ float partial[MMV_WARPS][MMV_TOKENS];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int row = blockIdx.x;
     const uint8_t *w_row = w + (size_t)row * row_bytes;
     const float b = bias ? bias[row] : 0.0f;
     for (int t0 = 0; t0 < tokens; t0 += MMV_TOKENS) {
         const int n = min(MMV_TOKENS, tokens - t0);
         float acc[MMV_TOKENS] = {0};
-        for (int base = 0; base < cols; base += 256) {
+#pragma unroll 2
+        for (int base = 256 * warp; base < cols; base += 256 * MMV_WARPS) {
             const LaneWeights lw = lane_weights<Block>(w_row, base, lane, cols);
 #pragma unroll
             for (int t = 0; t < MMV_TOKENS; t++) {
@@ -131,10 +132,21 @@ static __device__ void mmv(const uint8_t *w, unsigned long long row_bytes, int r
 #pragma unroll
         for (int t = 0; t < MMV_TOKENS; t++) {
             const float sum = warp_sum(acc[t]);
-            if (lane == 0 && t < n) {
-                out[(size_t)(t0 + t) * rows + row] = sum + b;
+            if (lane == 0) {
+                partial[warp][t] = sum;
             }
         }
+        __syncthreads();
+        // The warps' sums in a fixed order, so a token's result never depends on the others.
+        if (threadIdx.x < n) {
+            float total = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MMV_WARPS; k++) {
+                total += partial[k][threadIdx.x];
+            }
+            out[(size_t)(t0 + threadIdx.x) * rows + row] = total + b;
+        }
+        __syncthreads();
     }
 }
 

@@ -489,7 +489,8 @@ impl Backend for CudaBackend {
             x.dims(),
             out.dims(),
         )?;
-        let grid = (matrix.rows as u32).div_ceil(WARPS_PER_BLOCK);
+        // One block of WARPS_PER_BLOCK warps per weight row.
+        let grid = matrix.rows as u32;
         let (row_bytes, out_rows, cols, tokens) = (
             matrix.row_bytes as u64,
             matrix.rows as i32,
