@@ -93,6 +93,40 @@ in
     (unit cpu).TimeoutStartSec
     (unit cpu).Restart
   ] [ "60s" "30min" "on-failure" ])
+  (expect "cpu: the hardening of nixpkgs' ollama module" (lib.getAttrs [
+    "CapabilityBoundingSet"
+    "LockPersonality"
+    "MemoryDenyWriteExecute"
+    "NoNewPrivileges"
+    "PrivateTmp"
+    "PrivateUsers"
+    "ProtectHome"
+    "ProtectKernelModules"
+    "ProtectKernelTunables"
+    "ProtectSystem"
+    "RestrictNamespaces"
+    "RestrictSUIDSGID"
+    "SystemCallArchitectures"
+    "SystemCallFilter"
+  ] (unit cpu)) {
+    CapabilityBoundingSet = [ "" ];
+    LockPersonality = true;
+    MemoryDenyWriteExecute = true;
+    NoNewPrivileges = true;
+    PrivateTmp = true;
+    PrivateUsers = true;
+    ProtectHome = true;
+    ProtectKernelModules = true;
+    ProtectKernelTunables = true;
+    ProtectSystem = "strict";
+    RestrictNamespaces = true;
+    RestrictSUIDSGID = true;
+    SystemCallArchitectures = "native";
+    SystemCallFilter = [
+      "@system-service @resources"
+      "~@privileged"
+    ];
+  })
   (expect "cpu: start limit" [
     cpu.systemd.services.lucebox.startLimitBurst
     cpu.systemd.services.lucebox.startLimitIntervalSec
