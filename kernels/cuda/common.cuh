@@ -1,15 +1,16 @@
-// Shared device helpers of the CUDA kernels: warp reductions and f16 loads.
+// Shared device helpers of the kernels: warp reductions and f16 loads.
 #pragma once
 
 #include <cstdint>
-#include <cuda_fp16.h>
+
+#include "../portable.cuh"
 
 #define WARP_SIZE 32
 
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
+        v += SHFL_XOR(v, offset);
     }
     return v;
 }
@@ -17,7 +18,7 @@ static __device__ __forceinline__ float warp_sum(float v) {
 static __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int offset = WARP_SIZE / 2; offset > 0; offset >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+        v = fmaxf(v, SHFL_XOR(v, offset));
     }
     return v;
 }
