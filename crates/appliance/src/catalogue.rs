@@ -68,22 +68,45 @@ pub struct Wheel {
     member: String,
 }
 
+/// Text that is not TOML of the expected shape, located in its file.
+#[derive(Debug, Error)]
+#[error("{origin}:{line}:{column}: {message}")]
+pub struct TomlError {
+    /// Where the text came from (a path).
+    pub origin: String,
+    /// 1-based line of the problem (0 when the reader gave no place).
+    pub line: usize,
+    /// 1-based column of the problem.
+    pub column: usize,
+    /// What the TOML reader found wrong.
+    pub message: String,
+}
+
+/// Deserializes `text`, which came from `origin`, locating any error by line and column.
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+) -> Result<T, TomlError> {
+    toml::from_str(text).map_err(|e| {
+        let (line, column) = e
+            .span()
+            .map_or((0, 0), |span| line_and_column(text, span.start));
+        TomlError {
+            origin: origin.to_owned(),
+            line,
+            column,
+            message: e.message().to_owned(),
+        }
+    })
+}
+
 /// Errors reading the catalogue or looking a model up in it.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum CatalogueError {
     /// The text is not TOML of the catalogue's shape.
-    #[error("{origin}:{line}:{column}: {message}")]
-    Parse {
-        /// Where the text came from (a path).
-        origin: String,
-        /// 1-based line of the problem.
-        line: usize,
-        /// 1-based column of the problem.
-        column: usize,
-        /// What the TOML reader found wrong.
-        message: String,
-    },
+    #[error(transparent)]
+    Parse(#[from] TomlError),
     /// An entry parsed but breaks a rule.
     #[error("{origin}: model {model}: {field}: {why}")]
     Invalid {
@@ -120,17 +143,7 @@ impl Catalogue {
 
     /// Parses and validates catalogue text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, CatalogueError> {
-        let file: CatalogueFile = toml::from_str(text).map_err(|e| {
-            let (line, column) = e
-                .span()
-                .map_or((0, 0), |span| line_and_column(text, span.start));
-            CatalogueError::Parse {
-                origin: origin.to_owned(),
-                line,
-                column,
-                message: e.message().to_owned(),
-            }
-        })?;
+        let file: CatalogueFile = parse_toml(text, origin)?;
         let mut first_index: HashMap<&str, usize> = HashMap::new();
         for (index, model) in file.models.iter().enumerate() {
             model.validate(index, origin)?;
@@ -359,7 +372,7 @@ fn invalid(origin: &str, model: &str, field: &str, why: String) -> CatalogueErro
     }
 }
 
-pub(crate) fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..offset.min(text.len())];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
     let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Deserializer};
 use thiserror::Error;
 
-use crate::catalogue::{check_name, line_and_column};
+use crate::catalogue::{TomlError, check_name, parse_toml};
 use crate::{Catalogue, CatalogueError};
 
 /// The repository's profiles, embedded so that the binary ships exactly what Nix reads. A test
@@ -155,17 +155,8 @@ pub enum Verification {
 #[non_exhaustive]
 pub enum HostError {
     /// The text is not TOML of the profile's shape.
-    #[error("{origin}:{line}:{column}: {message}")]
-    Parse {
-        /// Where the text came from.
-        origin: String,
-        /// 1-based line of the problem.
-        line: usize,
-        /// 1-based column of the problem.
-        column: usize,
-        /// What the TOML reader found wrong.
-        message: String,
-    },
+    #[error(transparent)]
+    Parse(#[from] TomlError),
     /// The profile parsed but breaks a rule.
     #[error("{origin}: {field}: {why}")]
     Invalid {
@@ -224,17 +215,7 @@ impl HostProfile {
     /// Parses and validates `hosts/<stem>.toml` against `catalogue`.
     pub fn parse(text: &str, stem: &str, catalogue: &Catalogue) -> Result<Self, HostError> {
         let origin = format!("hosts/{stem}.toml");
-        let profile: HostProfile = toml::from_str(text).map_err(|e| {
-            let (line, column) = e
-                .span()
-                .map_or((0, 0), |span| line_and_column(text, span.start));
-            HostError::Parse {
-                origin: origin.clone(),
-                line,
-                column,
-                message: e.message().to_owned(),
-            }
-        })?;
+        let profile: HostProfile = parse_toml(text, &origin)?;
         profile
             .validate(stem, catalogue)
             .map_err(|(field, why)| HostError::Invalid { origin, field, why })?;

@@ -35,7 +35,7 @@ mod host;
 pub mod pair;
 
 pub use cache::{ModelDirError, Presence, model_dir, model_path};
-pub use catalogue::{Catalogue, CatalogueError, Model, Sha256Origin, Source, Wheel};
+pub use catalogue::{Catalogue, CatalogueError, Model, Sha256Origin, Source, TomlError, Wheel};
 pub use devices::{AmdGpu, Devices, NvidiaGpu, gfx_name};
 #[cfg(feature = "fetch")]
 pub use fetch::{

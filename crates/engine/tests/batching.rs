@@ -29,18 +29,7 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits() {
         .iter()
         .map(|&n| random_tokens(&mut rng, n, vocab))
         .collect();
-    let alone: Vec<Vec<f32>> = sequences
-        .iter()
-        .map(|s| common::prefill_logits(&model, s))
-        .collect();
-    let order = common::round_robin(&sequences);
-    let together = common::batched_logits(&model, &sequences, &order);
-    for (s, (a, b)) in alone.iter().zip(&together).enumerate() {
-        assert!(
-            a == b,
-            "sequence {s}: logits differ when batched with others"
-        );
-    }
+    common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
 }
 
 #[test]

@@ -230,16 +230,5 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
                 .collect()
         })
         .collect();
-    let alone: Vec<Vec<f32>> = sequences
-        .iter()
-        .map(|s| common::prefill_logits(&model, s))
-        .collect();
-    let order = common::round_robin(&sequences);
-    let together = common::batched_logits(&model, &sequences, &order);
-    for (s, (a, b)) in alone.iter().zip(&together).enumerate() {
-        assert!(
-            a == b,
-            "sequence {s}: logits differ when batched with others"
-        );
-    }
+    common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
 }

@@ -107,6 +107,22 @@ pub fn round_robin(sequences: &[Vec<u32>]) -> Vec<(usize, usize)> {
     order
 }
 
+/// Asserts that each of `sequences`, fed round-robin in one ragged batch with the others, gets
+/// bitwise the logits it gets alone.
+pub fn assert_each_sequence_gets_its_own_logits<B: Backend>(
+    model: &Model<B>,
+    sequences: &[Vec<u32>],
+) {
+    let alone: Vec<Vec<f32>> = sequences.iter().map(|s| prefill_logits(model, s)).collect();
+    let together = batched_logits(model, sequences, &round_robin(sequences));
+    for (s, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert!(
+            a == b,
+            "sequence {s}: logits differ when batched with others"
+        );
+    }
+}
+
 /// The logits at every position of `tokens`, from one forward pass.
 pub fn prefill_logits<B: Backend>(model: &Model<B>, tokens: &[u32]) -> Vec<f32> {
     let order: Vec<(usize, usize)> = (0..tokens.len()).map(|i| (0, i)).collect();
