@@ -535,12 +535,12 @@ impl<B: Backend> Batcher<B> {
                         token,
                         logprobs: logprobs.take(),
                     });
-                    if (self.is_end)(token) {
-                        stop = Some(StopReason::EndOfGeneration);
-                        break;
-                    }
-                    if seq.generated == seq.max_tokens {
-                        stop = Some(StopReason::MaxTokens);
+                    stop = StopReason::after_token(
+                        (self.is_end)(token),
+                        seq.generated,
+                        seq.max_tokens,
+                    );
+                    if stop.is_some() {
                         break;
                     }
                 }

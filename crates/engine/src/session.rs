@@ -45,6 +45,21 @@ pub enum StopReason {
     Caller,
 }
 
+impl StopReason {
+    /// Why a generation stops right after its `generated`-th token, if it does: the token is
+    /// an end-of-generation token (`is_end`), or the `max_tokens` limit is reached. The one rule
+    /// that sessions, speculation and the batcher share.
+    pub(crate) fn after_token(is_end: bool, generated: usize, max_tokens: usize) -> Option<Self> {
+        if is_end {
+            Some(StopReason::EndOfGeneration)
+        } else if generated >= max_tokens {
+            Some(StopReason::MaxTokens)
+        } else {
+            None
+        }
+    }
+}
+
 /// What one generation did and how long it took.
 #[derive(Clone, Copy, Debug)]
 pub struct GenerationStats {
@@ -373,11 +388,14 @@ impl<E: Fn(u32) -> bool, F: FnMut(u32) -> ControlFlow<()>> TokenSink<E, F> {
             self.stats.stop = StopReason::Caller;
             return false;
         }
-        if (self.is_end)(token) {
-            self.stats.stop = StopReason::EndOfGeneration;
-            return false;
+        let generated = self.stats.generated_tokens;
+        match StopReason::after_token((self.is_end)(token), generated, self.max_tokens) {
+            Some(reason) => {
+                self.stats.stop = reason;
+                false
+            }
+            None => true,
         }
-        self.remaining() > 0
     }
 
     /// The statistics of a generation stopped for `reason`.
