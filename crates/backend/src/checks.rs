@@ -3,6 +3,8 @@
 //! [`Backend`](crate::Backend) operation, on plain sizes, so that all backends refuse exactly the
 //! same calls with the same messages.
 
+use lucebox_gguf::{GgufFile, TensorView};
+
 use crate::batch::check_kv_positions;
 use crate::{AttentionShape, BatchCapacity, Error, KvLayout, RaggedBatch};
 
@@ -11,6 +13,23 @@ use crate::{AttentionShape, BatchCapacity, Error, KvLayout, RaggedBatch};
 pub(crate) struct Dims {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
+}
+
+/// The tensor `name` of `file`, which must exist and have `N` dims (ggml order).
+pub(crate) fn tensor<'a, const N: usize>(
+    op: &'static str,
+    file: &'a GgufFile,
+    name: &str,
+) -> Result<(TensorView<'a>, [usize; N]), Error> {
+    let view = file.tensor(name).ok_or_else(|| Error::Shape {
+        op,
+        detail: format!("tensor {name} is missing"),
+    })?;
+    let dims: [u64; N] = view.dims().try_into().map_err(|_| Error::Shape {
+        op,
+        detail: format!("tensor {name} has dims {:?}, expected {N}", view.dims()),
+    })?;
+    Ok((view, dims.map(|d| d as usize)))
 }
 
 /// Fails unless `rows` fit in a buffer of `capacity` rows.

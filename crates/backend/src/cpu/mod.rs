@@ -81,21 +81,14 @@ impl CpuBackend {
         file: &'a GgufFile,
         name: &str,
     ) -> Result<(TensorView<'a>, [usize; N], WeightFormat), Error> {
-        let view = file.tensor(name).ok_or_else(|| Error::Shape {
-            op,
-            detail: format!("tensor {name} is missing"),
-        })?;
-        let dims: [u64; N] = view.dims().try_into().map_err(|_| Error::Shape {
-            op,
-            detail: format!("tensor {name} has dims {:?}, expected {N}", view.dims()),
-        })?;
+        let (view, dims) = checks::tensor::<N>(op, file, name)?;
         let format =
             WeightFormat::new(view.ggml_type(), self.isa).map_err(|_| Error::UnsupportedType {
                 tensor: name.to_owned(),
                 ty: view.ggml_type(),
                 backend: NAME,
             })?;
-        Ok((view, dims.map(|d| d as usize), format))
+        Ok((view, dims, format))
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
-use lucebox_gguf::{GgmlType, GgufFile, TensorView};
+use lucebox_gguf::{GgmlType, GgufFile};
 use lucebox_quant::{Isa, WeightFormat};
 
 use crate::checks::{self, Dims};
@@ -108,22 +108,6 @@ impl CudaBackend {
         self.sm
     }
 
-    fn tensor<'a, const N: usize>(
-        op: &'static str,
-        file: &'a GgufFile,
-        name: &str,
-    ) -> Result<(TensorView<'a>, [usize; N]), Error> {
-        let view = file.tensor(name).ok_or_else(|| Error::Shape {
-            op,
-            detail: format!("tensor {name} is missing"),
-        })?;
-        let dims: [u64; N] = view.dims().try_into().map_err(|_| Error::Shape {
-            op,
-            detail: format!("tensor {name} has dims {:?}, expected {N}", view.dims()),
-        })?;
-        Ok((view, dims.map(|d| d as usize)))
-    }
-
     fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
         len: usize,
@@ -135,6 +119,20 @@ impl CudaBackend {
                 what,
                 bytes: (len * size_of::<T>()) as u64,
             })
+    }
+
+    /// Copies `host` to the start of `device` (set_batch has checked that it fits).
+    fn upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        host: &[T],
+        device: &mut CudaSlice<T>,
+    ) -> Result<(), Error> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_htod(host, &mut device.slice_mut(..host.len()))
+            .map_err(driver_error("set_batch"))
     }
 
     fn launch<'a>(
@@ -260,7 +258,7 @@ impl Backend for CudaBackend {
     }
 
     fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<CudaMatrix, Error> {
-        let (view, [cols, rows]) = Self::tensor("load_matrix", file, name)?;
+        let (view, [cols, rows]) = checks::tensor("load_matrix", file, name)?;
         let format =
             self.kernels
                 .format(view.ggml_type())
@@ -287,7 +285,7 @@ impl Backend for CudaBackend {
     }
 
     fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<CudaVector, Error> {
-        let (view, [len]) = Self::tensor("load_vector", file, name)?;
+        let (view, [len]) = checks::tensor("load_vector", file, name)?;
         let format = WeightFormat::new(view.ggml_type(), Isa::detect()).map_err(|_| {
             Error::UnsupportedType {
                 tensor: name.to_owned(),
@@ -367,34 +365,21 @@ impl Backend for CudaBackend {
                 .iter()
                 .map(|&seq| src.seqs[seq as usize].blocks_start),
         );
-        let half_rot = dst.rope.rotary_dims / 2;
-        let n = src.len();
+        // Each token's cosines and sines: rotary_dims / 2 of each.
+        let tables = src.len() * (dst.rope.rotary_dims / 2);
         dst.rope.tables(
             src.positions(),
-            &mut dst.cos[..n * half_rot],
-            &mut dst.sin[..n * half_rot],
+            &mut dst.cos[..tables],
+            &mut dst.sin[..tables],
         );
-        let copy = |host: &[u32], device: &mut CudaSlice<u32>| -> Result<(), Error> {
-            if host.is_empty() {
-                return Ok(());
-            }
-            self.stream
-                .memcpy_htod(host, &mut device.slice_mut(..host.len()))
-                .map_err(driver_error("set_batch"))
-        };
         let d = &mut dst.device;
-        copy(src.tokens(), &mut d.tokens)?;
-        copy(src.positions(), &mut d.positions)?;
-        copy(&dst.table_offsets, &mut d.table_offsets)?;
-        copy(&src.block_ids, &mut d.block_ids)?;
-        copy(src.logits_rows(), &mut d.logits_rows)?;
-        if n * half_rot > 0 {
-            for (host, device) in [(&dst.cos, &mut d.cos), (&dst.sin, &mut d.sin)] {
-                self.stream
-                    .memcpy_htod(&host[..n * half_rot], &mut device.slice_mut(..n * half_rot))
-                    .map_err(driver_error("set_batch"))?;
-            }
-        }
+        self.upload(src.tokens(), &mut d.tokens)?;
+        self.upload(src.positions(), &mut d.positions)?;
+        self.upload(&dst.table_offsets, &mut d.table_offsets)?;
+        self.upload(&src.block_ids, &mut d.block_ids)?;
+        self.upload(src.logits_rows(), &mut d.logits_rows)?;
+        self.upload(&dst.cos[..tables], &mut d.cos)?;
+        self.upload(&dst.sin[..tables], &mut d.sin)?;
         Ok(())
     }
 
