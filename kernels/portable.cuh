@@ -12,7 +12,13 @@
 #endif
 // HIP's shuffles take no lane mask: every lane of the wave takes part.
 #define SHFL_XOR(v, offset) __shfl_xor((v), (offset), 32)
+#define SHFL(v, lane) __shfl((v), (lane), 32)
+// The sum of the four signed byte products of a and b, plus c (RDNA3 and RDNA4 have it as
+// v_dot4_i32_iu8).
+#define DP4A(a, b, c) __builtin_amdgcn_sudot4(true, (a), true, (b), (c), false)
 #else
 #include <cuda_fp16.h>
 #define SHFL_XOR(v, offset) __shfl_xor_sync(0xffffffffu, (v), (offset))
+#define SHFL(v, lane) __shfl_sync(0xffffffffu, (v), (lane))
+#define DP4A(a, b, c) __dp4a((a), (b), (c))
 #endif

@@ -27,63 +27,109 @@ extern "C" __global__ void store_kv(const float *k, const float *v, const unsign
     }
 }
 
-#define ATTENTION_MAX_PER_LANE 8 // head dimensions up to 256
+#define ATTENTION_WARPS 4
+#define ATTENTION_MAX_HEAD_DIM 256
+#define ATTENTION_MAX_PER_LANE (ATTENTION_MAX_HEAD_DIM / WARP_SIZE)
 
-// One warp per (token, query head): an online softmax over positions 0..=position of the
-// token's sequence, whose block table starts at block_ids[table_offsets[t]].
+// One block of ATTENTION_WARPS warps per (token, query head), over positions 0..=position of
+// the token's sequence, whose block table starts at block_ids[table_offsets[t]]. The positions
+// go in tiles of 32, warp w taking tiles w, w + ATTENTION_WARPS, ...: each lane scores one
+// position of the tile (a whole K row against q, held in shared memory), the warp updates its
+// online softmax once per tile, and each lane accumulates V over the tile for its own
+// head_dim / 32 dimensions. The warps' partial results are merged in a fixed order, so a token's
+// output depends only on its own sequence. head_dim must be a multiple of 32 (the caller checks).
 extern "C" __global__ void attention(const float *q, const __half *k_cache, const __half *v_cache,
                                      const unsigned *positions, const unsigned *table_offsets,
                                      const unsigned *block_ids, int block_tokens, int tokens,
                                      int heads, int kv_heads, int head_dim, float scale,
                                      float *out) {
-    const int item = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    const int lane = threadIdx.x % WARP_SIZE;
-    if (item >= tokens * heads) {
-        return;
-    }
-    const int t = item / heads, head = item % heads;
+    __shared__ float q_shared[ATTENTION_MAX_HEAD_DIM];
+    __shared__ float acc_shared[ATTENTION_WARPS][ATTENTION_MAX_HEAD_DIM];
+    __shared__ float max_shared[ATTENTION_WARPS], sum_shared[ATTENTION_WARPS];
+    const int t = blockIdx.x / heads, head = blockIdx.x % heads;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int kv_head = head / (heads / kv_heads);
     const int kv_width = kv_heads * head_dim;
-    const float *qh = q + (size_t)t * heads * head_dim + (size_t)head * head_dim;
-    float qr[ATTENTION_MAX_PER_LANE], acc[ATTENTION_MAX_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
-        const int d = lane + WARP_SIZE * i;
-        qr[i] = d < head_dim ? qh[d] : 0.0f;
-        acc[i] = 0.0f;
+    const int per_lane = head_dim / WARP_SIZE;
+    const size_t q_row = (size_t)t * heads * head_dim + (size_t)head * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        q_shared[d] = q[q_row + d] * scale;
     }
-    float max = -INFINITY, denominator = 0.0f;
-    for (unsigned p = 0; p <= positions[t]; p++) {
-        const size_t slot = slot_of(positions, table_offsets, block_ids, block_tokens, t, p);
-        const size_t base = slot * kv_width + (size_t)kv_head * head_dim;
-        float s = 0.0f;
+    __syncthreads();
+    const unsigned last = positions[t];
+    const unsigned *table = block_ids + table_offsets[t];
+    float max = -INFINITY, sum = 0.0f, acc[ATTENTION_MAX_PER_LANE] = {0};
+    for (unsigned tile = 32u * warp; tile <= last; tile += 32u * ATTENTION_WARPS) {
+        const unsigned p = tile + lane;
+        const bool valid = p <= last;
+        unsigned slot = 0;
+        float score = -INFINITY;
+        if (valid) {
+            slot = table[p / block_tokens] * block_tokens + p % block_tokens;
+            const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * head_dim;
+            score = 0.0f;
+            for (int d = 0; d < head_dim; d += 8) {
+                const uint4 packed = *(const uint4 *)(k + d);
+                const __half2 *h = (const __half2 *)&packed;
 #pragma unroll
-        for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
-            const int d = lane + WARP_SIZE * i;
-            if (d < head_dim) {
-                s += qr[i] * __half2float(k_cache[base + d]);
+                for (int i = 0; i < 4; i++) {
+                    const float2 f = __half22float2(h[i]);
+                    score += q_shared[d + 2 * i] * f.x + q_shared[d + 2 * i + 1] * f.y;
+                }
             }
         }
-        s = warp_sum(s) * scale;
-        const float new_max = fmaxf(max, s);
+        const float new_max = fmaxf(max, warp_max(score));
         const float correction = __expf(max - new_max);
-        const float weight = __expf(s - new_max);
-        denominator = denominator * correction + weight;
+        const float weight = valid ? __expf(score - new_max) : 0.0f;
+        sum = sum * correction + warp_sum(weight);
 #pragma unroll
         for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
-            const int d = lane + WARP_SIZE * i;
-            if (d < head_dim) {
-                acc[i] = acc[i] * correction + weight * __half2float(v_cache[base + d]);
+            acc[i] *= correction;
+        }
+        const int count = min(32, (int)(last - tile) + 1);
+        for (int j = 0; j < count; j++) {
+            const float w = SHFL(weight, j);
+            const unsigned slot_j = SHFL(slot, j);
+            const __half *v = v_cache + (size_t)slot_j * kv_width + (size_t)kv_head * head_dim +
+                              (size_t)lane * per_lane;
+#pragma unroll
+            for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
+                if (i < per_lane) {
+                    acc[i] += w * __half2float(v[i]);
+                }
             }
         }
         max = new_max;
     }
-    float *o = out + (size_t)t * heads * head_dim + (size_t)head * head_dim;
+    if (lane == 0) {
+        max_shared[warp] = max;
+        sum_shared[warp] = sum;
+    }
 #pragma unroll
     for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
-        const int d = lane + WARP_SIZE * i;
-        if (d < head_dim) {
-            o[d] = acc[i] / denominator;
+        if (i < per_lane) {
+            acc_shared[warp][lane * per_lane + i] = acc[i];
         }
+    }
+    __syncthreads();
+    float total_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < ATTENTION_WARPS; w++) {
+        total_max = fmaxf(total_max, max_shared[w]);
+    }
+    float factor[ATTENTION_WARPS], total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATTENTION_WARPS; w++) {
+        // A warp that saw no position has max -inf and contributes nothing.
+        factor[w] = max_shared[w] == -INFINITY ? 0.0f : __expf(max_shared[w] - total_max);
+        total += sum_shared[w] * factor[w];
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float value = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTENTION_WARPS; w++) {
+            value += acc_shared[w][d] * factor[w];
+        }
+        out[q_row + d] = value / total;
     }
 }

@@ -28,19 +28,3 @@ static __device__ __forceinline__ float load_f16(const uint8_t *p) {
     const unsigned short bits = (unsigned short)p[0] | ((unsigned short)p[1] << 8);
     return __half2float(__ushort_as_half(bits));
 }
-
-// The sum of `v` over a block of up to 1024 threads; every thread gets it. `scratch` holds 32
-// floats.
-static __device__ __forceinline__ float block_sum(float v, float *scratch) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int warp = threadIdx.x / WARP_SIZE;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) {
-        scratch[warp] = v;
-    }
-    __syncthreads();
-    const int warps = (blockDim.x + WARP_SIZE - 1) / WARP_SIZE;
-    v = lane < warps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
-}

@@ -1,13 +1,20 @@
 // Small row-wise operations: the SwiGLU product, residual adds, and gathering the rows whose
 // logits are wanted.
 
-#include "common.cuh"
+#include "q8.cuh"
 
-extern "C" __global__ void silu_mul(float *gate, const float *up, unsigned long long n) {
+// With `quantized.hi` set (n a multiple of 32, and so the grid's stride), the product is also
+// quantized for the matvec that takes it: each warp's 32 consecutive values are one group.
+extern "C" __global__ void silu_mul(float *gate, const float *up, unsigned long long n,
+                                    QuantizedOut quantized) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
+        const float v = g / (1.0f + expf(-g)) * up[i];
+        gate[i] = v;
+        if (quantized.hi != nullptr) {
+            quantize_group(v, (long long)(i / WARP_SIZE), quantized);
+        }
     }
 }
 

@@ -137,15 +137,21 @@ static __device__ __forceinline__ float row_at(const uint8_t *row, int j) {
     return Block::at(row + (size_t)(j / Block::QK) * Block::BYTES, j % Block::QK);
 }
 
-// X(name, Block): every format the matvec and row-gather kernels are instantiated for.
-#define FOR_EACH_FORMAT(X) \
-    X(f32, BlockF32)       \
-    X(f16, BlockF16)       \
-    X(q4_0, BlockQ4_0)     \
-    X(q4_1, BlockQ4_1)     \
-    X(q5_0, BlockQ5_0)     \
-    X(q5_1, BlockQ5_1)     \
-    X(q8_0, BlockQ8_0)     \
-    X(q4_k, BlockQ4_K)     \
-    X(q5_k, BlockQ5_K)     \
+// X(name, Block): the formats whose matvec takes activations quantized to 8 bits (mmv.cu).
+#define FOR_EACH_QUANT_FORMAT(X) \
+    X(q4_0, BlockQ4_0)           \
+    X(q4_1, BlockQ4_1)           \
+    X(q5_0, BlockQ5_0)           \
+    X(q5_1, BlockQ5_1)           \
+    X(q8_0, BlockQ8_0)           \
+    X(q4_k, BlockQ4_K)           \
+    X(q5_k, BlockQ5_K)           \
     X(q6_k, BlockQ6_K)
+
+// X(name, Block): the formats whose matvec takes f32 activations.
+#define FOR_EACH_FLOAT_FORMAT(X) \
+    X(f32, BlockF32)             \
+    X(f16, BlockF16)
+
+// X(name, Block): every format the matvec and row-gather kernels are instantiated for.
+#define FOR_EACH_FORMAT(X) FOR_EACH_FLOAT_FORMAT(X) FOR_EACH_QUANT_FORMAT(X)

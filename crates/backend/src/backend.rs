@@ -99,6 +99,19 @@ pub struct BatchCapacity {
     pub logits: usize,
 }
 
+/// What one forward pass's sequence of operations depends on, besides the buffers it runs on:
+/// two passes of the same shape over the same model, workspace and KV cache issue the same
+/// operations, their batches differing only in what [`Backend::set_batch`] copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PassShape {
+    /// The model's unique id.
+    pub model: u64,
+    /// Tokens in the batch.
+    pub tokens: usize,
+    /// Tokens whose logits are kept.
+    pub logits: usize,
+}
+
 /// The head geometry of attention.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionShape {
@@ -136,9 +149,14 @@ pub trait Backend: Send + Sync + 'static {
     type KvCache: Send;
     /// A batch's metadata on the device, with its per-token rotary tables.
     type Batch: Send;
+    /// The forward passes recorded for one workspace (see [`run_pass`](Backend::run_pass)).
+    type Recordings: Send;
 
     /// A short description, such as `cpu (avx512, 2 threads)`.
     fn describe(&self) -> String;
+    /// The peak bandwidth of the memory the weights live in, in bytes per second, as the
+    /// device's driver reports it; `None` where there is no such figure (the CPU).
+    fn peak_bandwidth(&self) -> Option<f64>;
 
     /// Makes the 2-D tensor `name` of `file` a matrix on the device.
     fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<Self::Matrix, Error>;
@@ -157,6 +175,27 @@ pub trait Backend: Send + Sync + 'static {
     fn batch(&self, capacity: BatchCapacity, rope: Rope) -> Result<Self::Batch, Error>;
     /// Copies a batch description to the device. Fails if it exceeds the buffer's capacity.
     fn set_batch(&self, dst: &mut Self::Batch, src: &RaggedBatch) -> Result<(), Error>;
+
+    /// An empty set of recorded forward passes.
+    fn recordings(&self) -> Self::Recordings;
+    /// Queues one forward pass of `shape` over `cache`, whose operations `enqueue` issues.
+    ///
+    /// A device backend may record what `enqueue` issues the first time it sees `shape` with
+    /// `cache` and `recordings`, and afterwards replay the recording instead of calling
+    /// `enqueue`: one launch instead of hundreds. So `enqueue` must issue the same operations on
+    /// the same buffers whenever the shape is the same, every per-batch value reaching the
+    /// device through [`set_batch`](Backend::set_batch), and the buffers must outlive
+    /// `recordings`. The host-side checks of the operations run when a pass is recorded; the
+    /// caller validates each batch's contents.
+    fn run_pass<F>(
+        &self,
+        recordings: &mut Self::Recordings,
+        shape: PassShape,
+        cache: &mut Self::KvCache,
+        enqueue: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce(&mut Self::KvCache) -> Result<(), Error>;
 
     /// `out[t] = table[token t]` for every token of the batch.
     fn embed(

@@ -168,13 +168,22 @@ pub(crate) fn store_kv(
     check_kv_positions(batch, layout)
 }
 
-/// `max_head_dim` is the longest head the backend's kernel takes, if it has a limit.
+/// The head lengths a backend's attention kernel takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadDims {
+    /// The longest.
+    pub(crate) max: usize,
+    /// What every length is a multiple of.
+    pub(crate) multiple_of: usize,
+}
+
+/// `head_dims` limits the heads the backend's kernel takes, if it has limits.
 pub(crate) fn attention(
     layout: &KvLayout,
     layer: usize,
     batch: &RaggedBatch,
     shape: AttentionShape,
-    max_head_dim: Option<usize>,
+    head_dims: Option<HeadDims>,
     q: Dims,
     out: Dims,
 ) -> Result<(), Error> {
@@ -187,15 +196,22 @@ pub(crate) fn attention(
         out.cols,
         shape.heads * shape.head_dim,
     )?;
-    let too_long = max_head_dim.is_some_and(|max| shape.head_dim > max);
+    let unsupported = head_dims.is_some_and(|limit| {
+        shape.head_dim > limit.max || !shape.head_dim.is_multiple_of(limit.multiple_of)
+    });
     if shape.kv_heads != layout.kv_heads
         || shape.head_dim != layout.head_dim
-        || too_long
+        || unsupported
         || !shape.heads.is_multiple_of(shape.kv_heads)
         || layer >= layout.layers
     {
-        let limit = max_head_dim
-            .map(|max| format!(" (this backend takes heads of at most {max})"))
+        let limit = head_dims
+            .map(|l| {
+                format!(
+                    " (this backend takes heads of at most {} dimensions, a multiple of {})",
+                    l.max, l.multiple_of
+                )
+            })
             .unwrap_or_default();
         return Err(Error::Shape {
             op: "attention",

@@ -23,9 +23,13 @@ mod cpu;
 mod cuda;
 mod error;
 
-pub use backend::{AttentionShape, Backend, BatchCapacity, KvLayout, Rope, RopeStyle, argmax};
+pub use backend::{
+    AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Rope, RopeStyle, argmax,
+};
 pub use batch::RaggedBatch;
 pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};
 #[cfg(feature = "cuda")]
-pub use cuda::{CudaActivations, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaVector};
+pub use cuda::{
+    CudaActivations, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaRecordings, CudaVector,
+};
 pub use error::Error;

@@ -144,6 +144,7 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
     let model = target.model;
     let vocab = model.config().vocab as u64;
     let describe = model.backend().describe();
+    let peak_bandwidth = model.backend().peak_bandwidth();
     let config = SessionConfig {
         context: args.prompt_tokens.max(args.gen_tokens),
         prefill_chunk: args.prompt_tokens,
@@ -182,6 +183,8 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
     }
     let prefill = median(&mut prefill_runs);
     let decode = median(&mut decode_runs);
+    let bandwidth = decode * weight_bytes as f64;
+    let share_of_peak = peak_bandwidth.map(|peak| bandwidth / peak);
     if args.json {
         let report = serde_json::json!({
             "model": model_arg,
@@ -192,7 +195,9 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
             "prefill_tok_s": prefill,
             "decode_tok_s": decode,
             "weight_bytes": weight_bytes,
-            "decode_weight_bandwidth_gb_s": decode * weight_bytes as f64 / 1e9,
+            "decode_weight_bandwidth_gb_s": bandwidth / 1e9,
+            "peak_bandwidth_gb_s": peak_bandwidth.map(|peak| peak / 1e9),
+            "decode_share_of_peak_bandwidth": share_of_peak,
             "prefill_runs_tok_s": prefill_runs,
             "decode_runs_tok_s": decode_runs,
         });
@@ -200,10 +205,19 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
     } else {
         println!("model    {model_arg}");
         println!("backend  {describe}");
+        let of_peak = match (share_of_peak, peak_bandwidth) {
+            (Some(share), Some(peak)) => format!(
+                " ({:.1}% of the {:.0} GB/s the driver reports)",
+                100.0 * share,
+                peak / 1e9
+            ),
+            _ => String::new(),
+        };
         println!(
-            "weights  {:.2} GiB, read once per decode step: {:.1} GB/s at the median decode rate",
+            "weights  {:.2} GiB, read once per decode step: {:.1} GB/s at the median decode \
+             rate{of_peak}",
             weight_bytes as f64 / f64::from(1 << 30),
-            decode * weight_bytes as f64 / 1e9
+            bandwidth / 1e9
         );
         println!(
             "{:<10} {:>8} {:>12} {:>12} {:>12}",

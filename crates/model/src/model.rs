@@ -1,6 +1,7 @@
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, PassShape, RaggedBatch};
 use lucebox_gguf::GgufFile;
 
 use crate::{Architecture, Error, ModelConfig};
@@ -26,6 +27,9 @@ struct Layer<B: Backend> {
 /// and the activations of a forward pass are passed in, so one model serves any number of
 /// sequences and a cache can be rolled back by its owner.
 pub struct Model<B: Backend> {
+    /// Unique among the models of this process, so that a backend's recording of a forward pass
+    /// is never replayed with another model's weights.
+    id: u64,
     backend: Arc<B>,
     config: ModelConfig,
     token_embd: B::Matrix,
@@ -154,7 +158,9 @@ impl<B: Backend> Model<B> {
         let token_embd = l.matrix("token_embd.weight", c.embedding, c.vocab)?;
         let output_norm = l.vector("output_norm.weight", c.embedding)?;
         let output = l.opt_matrix("output.weight", c.embedding, c.vocab)?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             backend,
             config,
             token_embd,
@@ -192,17 +198,20 @@ impl<B: Backend> Model<B> {
         let t = capacity.tokens;
         let logits_rows = capacity.logits;
         Ok(Workspace {
-            batch: b.batch(capacity, c.rope)?,
-            x: b.activations(t, c.embedding)?,
-            normed: b.activations(t, c.embedding)?,
-            q: b.activations(t, c.heads * c.head_dim)?,
-            k: b.activations(t, c.kv_heads * c.head_dim)?,
-            v: b.activations(t, c.kv_heads * c.head_dim)?,
-            attn: b.activations(t, c.heads * c.head_dim)?,
-            gate: b.activations(t, c.feed_forward)?,
-            up: b.activations(t, c.feed_forward)?,
-            selected: b.activations(logits_rows, c.embedding)?,
-            logits: b.activations(logits_rows, c.vocab)?,
+            buffers: Buffers {
+                batch: b.batch(capacity, c.rope)?,
+                x: b.activations(t, c.embedding)?,
+                normed: b.activations(t, c.embedding)?,
+                q: b.activations(t, c.heads * c.head_dim)?,
+                k: b.activations(t, c.kv_heads * c.head_dim)?,
+                v: b.activations(t, c.kv_heads * c.head_dim)?,
+                attn: b.activations(t, c.heads * c.head_dim)?,
+                gate: b.activations(t, c.feed_forward)?,
+                up: b.activations(t, c.feed_forward)?,
+                selected: b.activations(logits_rows, c.embedding)?,
+                logits: b.activations(logits_rows, c.vocab)?,
+            },
+            recordings: b.recordings(),
             logits_rows: 0,
             capacity,
         })
@@ -226,10 +235,32 @@ impl<B: Backend> Model<B> {
             kv_layout.blocks,
             c.context_length,
         )?;
-        b.set_batch(&mut ws.batch, batch)?;
-        let n = batch.len();
+        b.set_batch(&mut ws.buffers.batch, batch)?;
+        let shape = PassShape {
+            model: self.id,
+            tokens: batch.len(),
+            logits: batch.logits_rows().len(),
+        };
+        let buffers = &mut ws.buffers;
+        b.run_pass(&mut ws.recordings, shape, kv, |kv| {
+            self.enqueue(shape, kv, buffers)
+        })?;
+        ws.logits_rows = shape.logits;
+        Ok(())
+    }
+
+    /// Issues the operations of a forward pass over the batch in `ws.batch`.
+    fn enqueue(
+        &self,
+        shape: PassShape,
+        kv: &mut B::KvCache,
+        ws: &mut Buffers<B>,
+    ) -> Result<(), lucebox_backend::Error> {
+        let b = &*self.backend;
+        let c = &self.config;
+        let n = shape.tokens;
         let eps = c.rms_eps;
-        let shape = c.attention_shape();
+        let attention = c.attention_shape();
         b.embed(&self.token_embd, &ws.batch, &mut ws.x)?;
         for (i, layer) in self.layers.iter().enumerate() {
             b.rms_norm(&ws.x, &layer.attn_norm, eps, n, &mut ws.normed)?;
@@ -243,7 +274,7 @@ impl<B: Backend> Model<B> {
             b.rope(&mut ws.q, &ws.batch, c.head_dim)?;
             b.rope(&mut ws.k, &ws.batch, c.head_dim)?;
             b.store_kv(kv, i, &ws.k, &ws.v, &ws.batch)?;
-            b.attention(&ws.q, kv, i, &ws.batch, shape, &mut ws.attn)?;
+            b.attention(&ws.q, kv, i, &ws.batch, attention, &mut ws.attn)?;
             b.matmul(&layer.attn_output, None, &ws.attn, n, &mut ws.normed)?;
             b.add(&mut ws.x, &ws.normed, n)?;
             b.rms_norm(&ws.x, &layer.ffn_norm, eps, n, &mut ws.normed)?;
@@ -253,7 +284,7 @@ impl<B: Backend> Model<B> {
             b.matmul(&layer.ffn_down, None, &ws.gate, n, &mut ws.normed)?;
             b.add(&mut ws.x, &ws.normed, n)?;
         }
-        let rows = batch.logits_rows().len();
+        let rows = shape.logits;
         b.gather_logits_rows(&ws.x, &ws.batch, &mut ws.normed)?;
         b.rms_norm(&ws.normed, &self.output_norm, eps, rows, &mut ws.selected)?;
         b.matmul(
@@ -263,14 +294,22 @@ impl<B: Backend> Model<B> {
             rows,
             &mut ws.logits,
         )?;
-        ws.logits_rows = rows;
         Ok(())
     }
 }
 
 /// The activation buffers of forward passes up to a fixed capacity, allocated once and reused
-/// by every pass so that decoding does not allocate.
+/// by every pass so that decoding does not allocate, with the backend's recordings of the
+/// passes that ran on them.
 pub struct Workspace<B: Backend> {
+    buffers: Buffers<B>,
+    recordings: B::Recordings,
+    logits_rows: usize,
+    capacity: BatchCapacity,
+}
+
+/// The device buffers of a workspace.
+struct Buffers<B: Backend> {
     batch: B::Batch,
     x: B::Activations,
     normed: B::Activations,
@@ -282,8 +321,6 @@ pub struct Workspace<B: Backend> {
     up: B::Activations,
     selected: B::Activations,
     logits: B::Activations,
-    logits_rows: usize,
-    capacity: BatchCapacity,
 }
 
 impl<B: Backend> std::fmt::Debug for Workspace<B> {
@@ -298,7 +335,7 @@ impl<B: Backend> std::fmt::Debug for Workspace<B> {
 impl<B: Backend> Workspace<B> {
     /// The logits of the last forward pass: one row per wanted token, in batch order.
     pub fn logits(&self) -> &B::Activations {
-        &self.logits
+        &self.buffers.logits
     }
 
     /// How many logits rows the last forward pass produced.

@@ -16,7 +16,8 @@ use lucebox_quant::{Isa, WeightFormat};
 use crate::batch::slot_of;
 use crate::checks::{self, Dims};
 use crate::{
-    AttentionShape, Backend, BatchCapacity, Error, KvLayout, RaggedBatch, Rope, RopeStyle,
+    AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch, Rope,
+    RopeStyle,
 };
 use pool::ThreadPool;
 
@@ -169,9 +170,15 @@ impl Backend for CpuBackend {
     type Activations = CpuActivations;
     type KvCache = CpuKvCache;
     type Batch = CpuBatch;
+    /// The CPU has no launch cost to save: passes run as they are issued.
+    type Recordings = ();
 
     fn describe(&self) -> String {
         format!("{NAME} ({:?}, {} threads)", self.isa, self.threads())
+    }
+
+    fn peak_bandwidth(&self) -> Option<f64> {
+        None
     }
 
     fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuMatrix, Error> {
@@ -248,6 +255,21 @@ impl Backend for CpuBackend {
         dst.batch.copy_from(src);
         dst.rope.tables(src.positions(), &mut dst.cos, &mut dst.sin);
         Ok(())
+    }
+
+    fn recordings(&self) {}
+
+    fn run_pass<F>(
+        &self,
+        _recordings: &mut (),
+        _shape: PassShape,
+        cache: &mut CpuKvCache,
+        enqueue: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce(&mut CpuKvCache) -> Result<(), Error>,
+    {
+        enqueue(cache)
     }
 
     fn embed(

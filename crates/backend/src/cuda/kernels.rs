@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use lucebox_gguf::GgmlType;
 
-use super::FormatKernels;
+use super::{FormatKernels, QuantizedKernels};
 
 /// One kernel family (a `kernels/cuda/*.cu` file) compiled for one architecture: its cubin and
 /// its PTX in a fatbin.
@@ -32,6 +32,7 @@ pub(crate) struct Kernels {
     pub(crate) add: CudaFunction,
     pub(crate) gather_rows: CudaFunction,
     pub(crate) argmax_rows: CudaFunction,
+    pub(crate) quantize_q8: CudaFunction,
 }
 
 impl Kernels {
@@ -74,7 +75,19 @@ impl Kernels {
                 let suffix = ty.name().to_lowercase();
                 let mmv = function("mmv", &format!("mmv_{suffix}")).ok()?;
                 let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
-                Some((ty, FormatKernels { ty, mmv, get_rows }))
+                // The float formats multiply f32 activations and have no one-row instance.
+                let quantized = function("mmv", &format!("mmv1_{suffix}"))
+                    .ok()
+                    .map(|mmv1| QuantizedKernels { mmv1 });
+                Some((
+                    ty,
+                    FormatKernels {
+                        ty,
+                        mmv,
+                        quantized,
+                        get_rows,
+                    },
+                ))
             })
             .collect();
         Ok(Self {
@@ -88,6 +101,7 @@ impl Kernels {
             add: function("elementwise", "add")?,
             gather_rows: function("elementwise", "gather_rows")?,
             argmax_rows: function("argmax", "argmax_rows")?,
+            quantize_q8: function("quantize", "quantize_q8")?,
         })
     }
 

@@ -8,17 +8,23 @@
 
 mod kernels;
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use cudarc::driver::sys::{CUdevice_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    DriverError, LaunchConfig, PushKernelArg,
 };
 use lucebox_gguf::{GgmlType, GgufFile};
 use lucebox_quant::{Isa, WeightFormat};
 
-use crate::checks::{self, Dims};
+use crate::checks::{self, Dims, HeadDims};
 use crate::{
-    AttentionShape, Backend, BatchCapacity, Error, KvLayout, RaggedBatch, Rope, RopeStyle,
+    AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch, Rope,
+    RopeStyle,
 };
 use kernels::Kernels;
 
@@ -26,10 +32,23 @@ const NAME: &str = "cuda";
 
 /// Threads per block of the row-wise kernels.
 const ROW_THREADS: u32 = 256;
-/// Warps per block of the kernels that give each warp one item (must match the kernels).
+/// Warps per block of the kernels that give each warp one item, such as a weight row (must
+/// match the kernels).
 const WARPS_PER_BLOCK: u32 = 4;
-/// The longest head the attention kernel holds in registers (`ATTENTION_MAX_PER_LANE * 32`).
-const MAX_HEAD_DIM: usize = 256;
+/// The heads the attention kernel takes: each lane holds head_dim / 32 dimensions, at most
+/// `ATTENTION_MAX_PER_LANE`.
+const HEAD_DIMS: HeadDims = HeadDims {
+    max: 256,
+    multiple_of: 32,
+};
+/// Warps per block of the attention kernel (`ATTENTION_WARPS`).
+const ATTENTION_WARPS: u32 = 4;
+/// The largest forward pass recorded as a graph: decode and verify steps, whose hundreds of
+/// short kernels cost more to launch one by one than to run. Longer prefill passes are
+/// dominated by their matrix products.
+const RECORD_MAX_TOKENS: usize = 64;
+/// The most graphs one workspace keeps (one per batch shape seen).
+const RECORD_MAX_GRAPHS: usize = 256;
 
 /// The CUDA backend on one device.
 pub struct CudaBackend {
@@ -37,6 +56,14 @@ pub struct CudaBackend {
     kernels: Kernels,
     device: String,
     sm: u32,
+    /// Bytes per second: the memory clock (double data rate) times the bus width.
+    peak_bandwidth: Option<f64>,
+    /// Whether forward passes are recorded and replayed as CUDA graphs
+    /// (`LUCEBOX_CUDA_GRAPHS=0` turns them off, to compare, to debug, or to profile each kernel
+    /// with `ncu`).
+    graphs: bool,
+    /// The device-side result of [`Backend::argmax_rows`], grown to the most rows asked for.
+    argmax: Mutex<Option<CudaSlice<u32>>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -88,6 +115,12 @@ impl CudaBackend {
         let (major, minor) = ctx.compute_capability().map_err(driver_error("init"))?;
         let sm = (major * 10 + minor) as u32;
         let name = ctx.name().map_err(driver_error("init"))?;
+        let attribute = |a| ctx.attribute(a).ok().filter(|&v| v > 0).map(f64::from);
+        let peak_bandwidth = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)
+            .zip(attribute(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
+            ))
+            .map(|(khz, bits)| 2.0 * khz * 1e3 * bits / 8.0);
         let device = format!("{name}, sm_{sm}");
         let kernels =
             Kernels::load(&ctx, sm).map_err(|reason| unavailable(format!("{device}: {reason}")))?;
@@ -95,17 +128,16 @@ impl CudaBackend {
         // cudarc's per-buffer events (for work on several streams) are not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver_error("init"))?;
+        let graphs = std::env::var_os("LUCEBOX_CUDA_GRAPHS").is_none_or(|v| v != "0");
         Ok(Self {
             stream,
             kernels,
             device,
             sm,
+            peak_bandwidth,
+            graphs,
+            argmax: Mutex::new(None),
         })
-    }
-
-    /// The compute capability the kernels were built for, as `86` for sm_86.
-    pub fn sm(&self) -> u32 {
-        self.sm
     }
 
     fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
@@ -159,6 +191,83 @@ impl CudaBackend {
             .map(|_| ())
             .map_err(driver_error(op))
     }
+
+    /// The quantized copy of the first `rows` rows of `x`, made unless the operations issued
+    /// since `x` was last written already made it.
+    fn quantize<'a>(&self, x: &'a CudaActivations, rows: usize) -> Result<&'a Quantized, Error> {
+        let quantized = x.quantized.as_ref().ok_or_else(|| Error::Shape {
+            op: "matmul",
+            detail: format!(
+                "quantized weights take activations whose width is a multiple of \
+                 {QUANT_GROUP}, not {}",
+                x.cols
+            ),
+        })?;
+        if x.quantized_rows.get() < rows {
+            let groups = (rows * x.cols / QUANT_GROUP) as i64;
+            let grid = (groups as u64).div_ceil(u64::from(WARPS_PER_BLOCK)) as u32;
+            self.launch(
+                "quantize",
+                &self.kernels.quantize_q8,
+                grid,
+                WARPS_PER_BLOCK * 32,
+                |b| {
+                    b.arg(&x.data)
+                        .arg(&groups)
+                        .arg(&quantized.hi)
+                        .arg(&quantized.lo)
+                        .arg(&quantized.scales)
+                        .arg(&quantized.sums);
+                },
+            )?;
+            x.quantized_rows.set(rows);
+        }
+        Ok(quantized)
+    }
+
+    /// Records what `enqueue` issues on the stream as a graph, without running it.
+    fn record<F>(&self, cache: &mut CudaKvCache, enqueue: F) -> Result<Graph, Error>
+    where
+        F: FnOnce(&mut CudaKvCache) -> Result<(), Error>,
+    {
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver_error("record"))?;
+        let issued = enqueue(cache);
+        // The capture ends whatever happened, so that the stream is usable again.
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        issued?;
+        match graph.map_err(driver_error("record"))? {
+            Some(graph) => Ok(Graph(graph)),
+            None => Err(Error::Device {
+                backend: NAME,
+                op: "record",
+                detail: "the captured forward pass is empty".into(),
+            }),
+        }
+    }
+}
+
+/// An instantiated CUDA graph of one forward pass.
+struct Graph(CudaGraph);
+
+// SAFETY: CUDA graphs are not internally synchronised, so every use must be serialised; a
+// graph lives in `CudaRecordings`, which is only used through `&mut`, so by one thread at a
+// time.
+unsafe impl Send for Graph {}
+
+/// The forward passes recorded for one workspace, by shape and KV cache.
+#[derive(Default)]
+pub struct CudaRecordings {
+    graphs: HashMap<(PassShape, u64), Graph>,
+}
+
+impl std::fmt::Debug for CudaRecordings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaRecordings")
+            .field("graphs", &self.graphs.len())
+            .finish()
+    }
 }
 
 /// A weight matrix in device memory, in its GGUF block layout.
@@ -184,8 +293,19 @@ impl std::fmt::Debug for CudaMatrix {
 #[derive(Clone)]
 pub(crate) struct FormatKernels {
     ty: GgmlType,
+    /// The matvec for any number of activation rows: over f32 activations for the float
+    /// formats, over quantized activations for the others.
     mmv: CudaFunction,
+    /// The quantized formats' kernels.
+    quantized: Option<QuantizedKernels>,
     get_rows: CudaFunction,
+}
+
+/// The kernels only the quantized formats have.
+#[derive(Clone)]
+pub(crate) struct QuantizedKernels {
+    /// The matvec of exactly one activation row (a decode step).
+    mmv1: CudaFunction,
 }
 
 /// An f32 vector in device memory.
@@ -195,12 +315,28 @@ pub struct CudaVector {
     len: usize,
 }
 
-/// A row-major f32 matrix in device memory.
+/// A row-major f32 matrix in device memory, with room for its copy quantized for the matvec.
 #[derive(Debug)]
 pub struct CudaActivations {
     data: CudaSlice<f32>,
     rows: usize,
     cols: usize,
+    /// Present when `cols` is a multiple of 32 (every quantized matrix's width).
+    quantized: Option<Quantized>,
+    /// How many leading rows `quantized` holds, as of the operations issued so far; every
+    /// operation that writes the matrix resets it through [`written`](Self::written).
+    quantized_rows: Cell<usize>,
+}
+
+/// Activations quantized in groups of 32, in two 8-bit parts (kernels/cuda/quantize.cu).
+#[derive(Debug)]
+struct Quantized {
+    hi: CudaSlice<i8>,
+    lo: CudaSlice<i8>,
+    /// `(d_hi, d_lo)` per group.
+    scales: CudaSlice<f32>,
+    /// `d_hi * sum(hi) + d_lo * sum(lo)` per 16 values.
+    sums: CudaSlice<f32>,
 }
 
 impl CudaActivations {
@@ -210,11 +346,60 @@ impl CudaActivations {
             cols: self.cols,
         }
     }
+
+    /// The data, for an operation that writes it: its quantized copy is stale from then on.
+    fn written(&mut self) -> &mut CudaSlice<f32> {
+        self.quantized_rows.set(0);
+        &mut self.data
+    }
+
+    /// The data and where its quantized copy goes, for a kernel that writes both for the first
+    /// `rows` rows (nulls when the width cannot be quantized, and the kernel writes the data
+    /// only).
+    fn written_quantized(
+        &mut self,
+        stream: &CudaStream,
+        rows: usize,
+    ) -> (&mut CudaSlice<f32>, QuantizedOut) {
+        let out = match &self.quantized {
+            Some(q) => {
+                self.quantized_rows.set(rows);
+                QuantizedOut {
+                    hi: q.hi.device_ptr(stream).0,
+                    lo: q.lo.device_ptr(stream).0,
+                    scales: q.scales.device_ptr(stream).0,
+                    sums: q.sums.device_ptr(stream).0,
+                }
+            }
+            None => {
+                self.quantized_rows.set(0);
+                QuantizedOut::default()
+            }
+        };
+        (&mut self.data, out)
+    }
 }
+
+/// The device pointers of a [`Quantized`] copy, laid out as the kernels' `QuantizedOut`
+/// (kernels/cuda/q8.cuh); all null for none.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct QuantizedOut {
+    hi: u64,
+    lo: u64,
+    scales: u64,
+    sums: u64,
+}
+
+// SAFETY: four device pointers in a `repr(C)` struct, passed by value as the kernels'
+// `QuantizedOut` of four pointers.
+unsafe impl DeviceRepr for QuantizedOut {}
 
 /// A KV cache pool in device memory: per layer, `[block][slot][kv_head][head_dim]` in f16.
 #[derive(Debug)]
 pub struct CudaKvCache {
+    /// Unique among the pools of this process: recordings are kept per pool.
+    id: u64,
     layout: KvLayout,
     k: Vec<CudaSlice<u16>>,
     v: Vec<CudaSlice<u16>>,
@@ -243,6 +428,10 @@ struct DeviceBatch {
     sin: CudaSlice<f32>,
 }
 
+/// Values per scale of the quantized activations (`quantize_q8`), and the width every quantized
+/// matrix's rows are a multiple of.
+const QUANT_GROUP: usize = 32;
+
 /// A null device pointer, for an absent optional argument.
 const NULL: u64 = 0;
 
@@ -252,9 +441,14 @@ impl Backend for CudaBackend {
     type Activations = CudaActivations;
     type KvCache = CudaKvCache;
     type Batch = CudaBatch;
+    type Recordings = CudaRecordings;
 
     fn describe(&self) -> String {
         format!("{NAME} ({})", self.device)
+    }
+
+    fn peak_bandwidth(&self) -> Option<f64> {
+        self.peak_bandwidth
     }
 
     fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<CudaMatrix, Error> {
@@ -315,10 +509,22 @@ impl Backend for CudaBackend {
             what: "activations",
             bytes: u64::MAX,
         })?;
+        let quantized = if cols.is_multiple_of(QUANT_GROUP) {
+            Some(Quantized {
+                hi: self.zeros(len, "activations")?,
+                lo: self.zeros(len, "activations")?,
+                scales: self.zeros(2 * (len / QUANT_GROUP), "activations")?,
+                sums: self.zeros(len / 16, "activations")?,
+            })
+        } else {
+            None
+        };
         Ok(CudaActivations {
             data: self.zeros(len, "activations")?,
             rows,
             cols,
+            quantized,
+            quantized_rows: Cell::new(0),
         })
     }
 
@@ -331,7 +537,13 @@ impl Backend for CudaBackend {
         let v = (0..layout.layers)
             .map(|_| layer())
             .collect::<Result<_, _>>()?;
-        Ok(CudaKvCache { layout, k, v })
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        Ok(CudaKvCache {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            layout,
+            k,
+            v,
+        })
     }
 
     fn batch(&self, capacity: BatchCapacity, rope: Rope) -> Result<CudaBatch, Error> {
@@ -383,6 +595,37 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn recordings(&self) -> CudaRecordings {
+        CudaRecordings::default()
+    }
+
+    fn run_pass<F>(
+        &self,
+        recordings: &mut CudaRecordings,
+        shape: PassShape,
+        cache: &mut CudaKvCache,
+        enqueue: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce(&mut CudaKvCache) -> Result<(), Error>,
+    {
+        let key = (shape, cache.id);
+        if !self.graphs
+            || shape.tokens > RECORD_MAX_TOKENS
+            || (recordings.graphs.len() >= RECORD_MAX_GRAPHS
+                && !recordings.graphs.contains_key(&key))
+        {
+            return enqueue(cache);
+        }
+        let graph = match recordings.graphs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(self.record(cache, enqueue)?)
+            }
+        };
+        graph.0.launch().map_err(driver_error("replay"))
+    }
+
     fn embed(
         &self,
         table: &CudaMatrix,
@@ -402,7 +645,7 @@ impl Backend for CudaBackend {
                     .arg(&row_bytes)
                     .arg(&cols)
                     .arg(&batch.device.tokens)
-                    .arg(&mut out.data);
+                    .arg(out.written());
             },
         )
     }
@@ -416,18 +659,26 @@ impl Backend for CudaBackend {
         out: &mut CudaActivations,
     ) -> Result<(), Error> {
         checks::rms_norm(rows, x.dims(), weight.len, out.dims())?;
-        let cols = x.cols as i32;
+        // One warp per 32 columns of each row.
+        let groups = x.cols.div_ceil(QUANT_GROUP);
+        let items = (rows * groups) as i64;
+        let grid = (items as u64).div_ceil(u64::from(WARPS_PER_BLOCK)) as u32;
+        let (cols, groups) = (x.cols as i32, groups as i32);
+        let (out, quantized) = out.written_quantized(&self.stream, rows);
         self.launch(
             "rms_norm",
             &self.kernels.rms_norm,
-            rows as u32,
-            ROW_THREADS,
+            grid,
+            WARPS_PER_BLOCK * 32,
             |b| {
                 b.arg(&x.data)
                     .arg(&weight.data)
                     .arg(&eps)
                     .arg(&cols)
-                    .arg(&mut out.data);
+                    .arg(&groups)
+                    .arg(&items)
+                    .arg(out)
+                    .arg(&quantized);
             },
         )
     }
@@ -450,7 +701,7 @@ impl Backend for CudaBackend {
             grid,
             WARPS_PER_BLOCK * 32,
             |b| {
-                b.arg(&mut x.data)
+                b.arg(x.written())
                     .arg(&weight.data)
                     .arg(&eps)
                     .arg(&head_dim)
@@ -474,33 +725,57 @@ impl Backend for CudaBackend {
             x.dims(),
             out.dims(),
         )?;
-        // One block of WARPS_PER_BLOCK warps per weight row.
-        let grid = matrix.rows as u32;
+        // One warp per weight row.
+        let grid = (matrix.rows as u32).div_ceil(WARPS_PER_BLOCK);
         let (row_bytes, out_rows, cols, tokens) = (
             matrix.row_bytes as u64,
             matrix.rows as i32,
             matrix.cols as i32,
             rows as i32,
         );
-        self.launch(
-            "matmul",
-            &matrix.format.mmv,
-            grid,
-            WARPS_PER_BLOCK * 32,
-            |b| {
-                b.arg(&matrix.data)
-                    .arg(&row_bytes)
-                    .arg(&out_rows)
-                    .arg(&cols)
-                    .arg(&x.data)
-                    .arg(&tokens);
-                match bias {
-                    Some(bias) => b.arg(&bias.data),
-                    None => b.arg(&NULL),
-                };
-                b.arg(&mut out.data);
-            },
-        )
+        let Some(kernels) = &matrix.format.quantized else {
+            return self.launch(
+                "matmul",
+                &matrix.format.mmv,
+                grid,
+                WARPS_PER_BLOCK * 32,
+                |b| {
+                    b.arg(&matrix.data)
+                        .arg(&row_bytes)
+                        .arg(&out_rows)
+                        .arg(&cols)
+                        .arg(&x.data)
+                        .arg(&tokens);
+                    match bias {
+                        Some(bias) => b.arg(&bias.data),
+                        None => b.arg(&NULL),
+                    };
+                    b.arg(out.written());
+                },
+            );
+        };
+        let quantized = self.quantize(x, rows)?;
+        let mmv = if rows == 1 {
+            &kernels.mmv1
+        } else {
+            &matrix.format.mmv
+        };
+        self.launch("matmul", mmv, grid, WARPS_PER_BLOCK * 32, |b| {
+            b.arg(&matrix.data)
+                .arg(&row_bytes)
+                .arg(&out_rows)
+                .arg(&cols)
+                .arg(&quantized.hi)
+                .arg(&quantized.lo)
+                .arg(&quantized.scales)
+                .arg(&quantized.sums)
+                .arg(&tokens);
+            match bias {
+                Some(bias) => b.arg(&bias.data),
+                None => b.arg(&NULL),
+            };
+            b.arg(out.written());
+        })
     }
 
     fn rope(
@@ -515,7 +790,7 @@ impl Backend for CudaBackend {
         let neox = i32::from(batch.rope.style == RopeStyle::Neox);
         let (cols, head_dim, rotary_dims) = (x.cols as i32, head_dim as i32, rotary_dims as i32);
         self.launch("rope", &self.kernels.rope, rows as u32, ROW_THREADS, |b| {
-            b.arg(&mut x.data)
+            b.arg(x.written())
                 .arg(&batch.device.cos)
                 .arg(&batch.device.sin)
                 .arg(&cols)
@@ -575,12 +850,11 @@ impl Backend for CudaBackend {
             layer,
             &batch.host,
             shape,
-            Some(MAX_HEAD_DIM),
+            Some(HEAD_DIMS),
             q.dims(),
             out.dims(),
         )?;
         let rows = batch.host.len();
-        let items = (rows * shape.heads) as u32;
         let d = &batch.device;
         let (block_tokens, tokens, heads, kv_heads, head_dim) = (
             l.block_tokens as i32,
@@ -592,8 +866,8 @@ impl Backend for CudaBackend {
         self.launch(
             "attention",
             &self.kernels.attention,
-            items.div_ceil(WARPS_PER_BLOCK),
-            WARPS_PER_BLOCK * 32,
+            (rows * shape.heads) as u32,
+            ATTENTION_WARPS * 32,
             |b| {
                 b.arg(&q.data)
                     .arg(&cache.k[layer])
@@ -607,7 +881,7 @@ impl Backend for CudaBackend {
                     .arg(&kv_heads)
                     .arg(&head_dim)
                     .arg(&shape.scale)
-                    .arg(&mut out.data);
+                    .arg(out.written());
             },
         )
     }
@@ -620,13 +894,14 @@ impl Backend for CudaBackend {
     ) -> Result<(), Error> {
         checks::elementwise("silu_mul", rows, gate.dims(), up.dims())?;
         let n = (rows * gate.cols) as u64;
+        let (gate, quantized) = gate.written_quantized(&self.stream, rows);
         self.launch(
             "silu_mul",
             &self.kernels.silu_mul,
             elementwise_grid(n),
             ROW_THREADS,
             |b| {
-                b.arg(&mut gate.data).arg(&up.data).arg(&n);
+                b.arg(gate).arg(&up.data).arg(&n).arg(&quantized);
             },
         )
     }
@@ -640,7 +915,7 @@ impl Backend for CudaBackend {
             elementwise_grid(n),
             ROW_THREADS,
             |b| {
-                b.arg(&mut x.data).arg(&y.data).arg(&n);
+                b.arg(x.written()).arg(&y.data).arg(&n);
             },
         )
     }
@@ -663,7 +938,7 @@ impl Backend for CudaBackend {
                 b.arg(&x.data)
                     .arg(&batch.device.logits_rows)
                     .arg(&cols)
-                    .arg(&mut out.data);
+                    .arg(out.written());
             },
         )
     }
@@ -684,7 +959,11 @@ impl Backend for CudaBackend {
         if out.is_empty() {
             return Ok(());
         }
-        let mut best = self.zeros::<u32>(out.len(), "argmax")?;
+        let mut guard = self.argmax.lock().unwrap_or_else(|e| e.into_inner());
+        let best = match &mut *guard {
+            Some(best) if best.len() >= out.len() => best,
+            slot => slot.insert(self.zeros::<u32>(out.len(), "argmax")?),
+        };
         let cols = x.cols as i32;
         self.launch(
             "argmax_rows",
@@ -692,11 +971,11 @@ impl Backend for CudaBackend {
             out.len() as u32,
             ROW_THREADS,
             |b| {
-                b.arg(&x.data).arg(&cols).arg(&mut best);
+                b.arg(&x.data).arg(&cols).arg(&mut *best);
             },
         )?;
         self.stream
-            .memcpy_dtoh(&best, out)
+            .memcpy_dtoh(&best.slice(..out.len()), out)
             .map_err(driver_error("argmax_rows"))?;
         self.stream
             .synchronize()
