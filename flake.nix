@@ -83,9 +83,18 @@
             }
           );
 
+          # CUDA's licence (NVIDIA's CUDA EULA) is unfree, so the CUDA toolchain comes from nixpkgs
+          # imported again with exactly the packages under that licence allowed.
+          cudaNixpkgs = import nixpkgs {
+            inherit system;
+            config.allowUnfreePredicate =
+              pkg:
+              lib.all (license: license.shortName or null == "CUDA EULA") (lib.toList (pkg.meta.license or [ ]));
+          };
+
           # The GPU toolchains, by [chip] runtime and runtime_version of hosts/<chip>.toml.
           gpuToolchains = {
-            cuda."12" = pkgs.cudaPackages_12;
+            cuda."12" = cudaNixpkgs.cudaPackages_12;
             rocm."7.2" = pkgs.rocmPackages;
             rocm."6" = nixpkgs-rocm6.legacyPackages.${system}.rocmPackages;
           };
@@ -107,22 +116,53 @@
             }
             .${runtime};
 
-          # One chip's package. Kernels: nothing here builds GPU code yet, so every GPU chip runs
-          # the CPU engine (hosts/<chip>.toml [engine] backend = "cpu"), which its
-          # meta.description says. kernels/cuda/ exists and crates/backend/build.rs compiles it
-          # under `--features cuda` with $NVCC for $LUCEBOX_CUDA_ARCHS; build it HERE, per chip,
-          # for chip.profile.chip.kernel_target with the chip's gpuToolchain:
-          #   cuda 12   nvcc of cudaPackages_12 for sm_86 (rtx3090) and sm_120 (rtx5090); CUDA is
-          #             unfree, so that build needs a nixpkgs imported with allowUnfree;
-          #   rocm 7.2  ROCm's clang/hipcc of rocmPackages for gfx1201 (r9700), gfx1151
-          #             (strix-halo); rocmPackages.<gfx> narrows a scope to one target;
-          #   rocm 6    the same from nixpkgs-rocm6 for gfx1100 (rx7900);
-          # then build lucebox with that backend's cargo feature (sharing cargoArtifacts where the
-          # features allow) instead of wrapping the CPU binary, and let the profile say its backend.
+          # The CUDA chips' binary: --features cuda, whose crates/backend/build.rs compiles
+          # kernels/cuda/ with the toolchain's nvcc for exactly the chip's architecture
+          # (LUCEBOX_CUDA_ARCHS), through the host compiler that CUDA release supports
+          # (backendStdenv). The dependencies are built once for every CUDA chip.
+          cudaCargoArgs = "--locked --package lucebox --features cuda";
+          cudaArtifacts = craneLib.buildDepsOnly (commonArgs // { cargoExtraArgs = cudaCargoArgs; });
+          luceboxCuda =
+            chip: toolchain:
+            craneLib.buildPackage (
+              commonArgs
+              // {
+                cargoArtifacts = cudaArtifacts;
+                cargoExtraArgs = cudaCargoArgs;
+                nativeBuildInputs = [ toolchain.cuda_nvcc ];
+                # cuda_fp16.h and the runtime headers nvcc includes.
+                buildInputs = [ toolchain.cuda_cudart ];
+                NVCC = "${toolchain.cuda_nvcc}/bin/nvcc";
+                NVCC_CCBIN = "${toolchain.backendStdenv.cc}/bin/c++";
+                LUCEBOX_CUDA_ARCHS = lib.removePrefix "sm_" chip.profile.chip.kernel_target;
+                meta = lucebox.meta // {
+                  description = "Lucebox speculative-decoding LLM server with the CUDA backend for ${chip.profile.chip.kernel_target}";
+                };
+              }
+            );
+
+          # One chip's package: the binary of its profile's [engine] backend, wrapped to name the
+          # chip, with the profile. The CUDA chips' binary finds the NVIDIA driver's libcuda
+          # where NixOS puts it (cudarc opens it at run time). The AMD chips still run the CPU
+          # engine (hosts/<chip>.toml [engine] backend = "cpu"), which their meta.description
+          # says; the HIP backend's build goes here, per chip, for kernel_target with the
+          # chip's gpuToolchain (rocm 7.2: rocmPackages for gfx1201 and gfx1151, rocm 6: the
+          # same from nixpkgs-rocm6 for gfx1100), as luceboxCuda does for CUDA.
           chipPackage =
             name: chip:
-            assert lib.assertMsg (chip.profile.engine.backend == "cpu")
-              "hosts/${name}.toml: [engine] backend = \"${chip.profile.engine.backend}\", which flake.nix cannot build yet: add its build where flake.nix marks the kernels";
+            let
+              inherit (chip.profile.engine) backend;
+              binary =
+                {
+                  cpu = lucebox;
+                  cuda = luceboxCuda chip (toolchainOf chip);
+                }
+                .${backend}
+                  or (throw "hosts/${name}.toml: [engine] backend = \"${backend}\", which flake.nix cannot build yet: add its build beside luceboxCuda");
+              driverPath = lib.optionalString (
+                backend == "cuda"
+              ) " --prefix LD_LIBRARY_PATH : ${pkgs.addDriverRunpath.driverLink}/lib";
+            in
             pkgs.runCommand "lucebox-${name}-${version}"
               {
                 nativeBuildInputs = [ pkgs.makeWrapper ];
@@ -132,14 +172,14 @@
                   profile = chip;
                   pairs = lib.mapAttrs (_: modelFiles.pairDir) chip.pairs;
                   gpuToolchain = toolchainOf chip;
-                  unwrapped = lucebox;
+                  unwrapped = binary;
                 };
-                meta = lucebox.meta // {
+                meta = binary.meta // {
                   inherit (chip) description;
                 };
               }
               ''
-                makeWrapper ${lib.getExe lucebox} $out/bin/lucebox --set LUCEBOX_CHIP ${lib.escapeShellArg name}
+                makeWrapper ${lib.getExe binary} $out/bin/lucebox --set LUCEBOX_CHIP ${lib.escapeShellArg name}${driverPath}
                 install -D --mode=444 ${chip.file} $out/share/lucebox/hosts/${name}.toml
               '';
 

@@ -17,6 +17,8 @@ let
   hosts = import ../../nix/hosts.nix { };
   chipNames = builtins.attrNames hosts.chips;
   gpuChipNames = builtins.filter (name: hosts.chips.${name}.vendor != "any") chipNames;
+  cudaChipNames = builtins.filter (name: hosts.chips.${name}.vendor == "nvidia") chipNames;
+  amdChipNames = builtins.filter (name: hosts.chips.${name}.vendor == "amd") chipNames;
 
   # crane's filterCargoSources (lib/filterCargoSources.nix of ipetkov/crane).
   filterCargoSources =
@@ -32,7 +34,6 @@ let
     {
       rocm ? "7.2.2",
       rocm6 ? "6.4.3",
-      cuda ? "12.9",
     }:
     let
       pkgsFor =
@@ -41,11 +42,12 @@ let
         // {
           stdenv.hostPlatform.system = system;
           rocmPackages.rocm-core.version = rocm;
-          cudaPackages_12.cudaMajorMinorVersion = cuda;
         };
       inputs = {
         self = flake;
         nixpkgs = {
+          # `import nixpkgs { ... }`, which flake.nix does for CUDA's unfree toolchain.
+          outPath = ./stand-in-nixpkgs.nix;
           lib = lib // {
             nixosSystem =
               { modules }:
@@ -106,13 +108,41 @@ in
   (expect "descriptions come from nix/hosts.nix" (map (name: packages.${name}.meta.description) chipNames) (
     map (name: hosts.chips.${name}.description) chipNames
   ))
-  (expect "GPU descriptions say the CPU engine is a stand-in" (lib.all (
+  (expect "only the AMD chips' descriptions say the CPU engine is a stand-in" (map (
     name: lib.hasInfix "Runs the CPU engine as a stand-in" packages.${name}.meta.description
-  ) gpuChipNames) true)
+  ) gpuChipNames) (map (name: hosts.chips.${name}.vendor == "amd") gpuChipNames))
   (expect "the wrapper sets LUCEBOX_CHIP" (lib.all (
     name:
     lib.hasInfix "makeWrapper ${binary} $out/bin/lucebox --set LUCEBOX_CHIP ${name}\n" packages.${name}.script
-  ) chipNames) true)
+  ) ([ "cpu" ] ++ amdChipNames)) true)
+  (expect "the CUDA chips' wrapper also finds the driver's libcuda" (lib.all (
+    name:
+    lib.hasInfix "makeWrapper ${binary} $out/bin/lucebox --set LUCEBOX_CHIP ${name} --prefix LD_LIBRARY_PATH : /run/opengl-driver/lib\n" packages.${name}.script
+  ) cudaChipNames) true)
+  (expect "the CUDA chips: the CUDA backend, kernels for exactly their architecture" (map (name: {
+    inherit (packages.${name}.unwrapped.args) cargoExtraArgs LUCEBOX_CUDA_ARCHS NVCC NVCC_CCBIN;
+    deps = packages.${name}.unwrapped.args.cargoArtifacts.args.cargoExtraArgs;
+  }) [ "rtx3090" "rtx5090" ]) (map (arch: {
+    cargoExtraArgs = "--locked --package lucebox --features cuda";
+    LUCEBOX_CUDA_ARCHS = arch;
+    NVCC = "${store}-cuda_nvcc-12.9/bin/nvcc";
+    NVCC_CCBIN = "${store}-gcc-wrapper-14/bin/c++";
+    deps = "--locked --package lucebox --features cuda";
+  }) [ "86" "120" ]))
+  (expect "the AMD chips: the CPU binary" (map (name: packages.${name}.unwrapped.args.cargoExtraArgs) amdChipNames) (
+    map (_: "--locked --package lucebox") amdChipNames
+  ))
+  (expect "the CUDA toolchain's import allows exactly CUDA's licence unfree" (
+    let
+      allowed = packages.rtx3090.gpuToolchain.importedWith.config.allowUnfreePredicate;
+    in
+    map allowed [
+      { meta.license = { shortName = "CUDA EULA"; free = false; }; }
+      { meta.license = [ { shortName = "CUDA EULA"; free = false; } ]; }
+      { meta.license = { shortName = "unfree"; free = false; }; }
+      { meta.license = [ { shortName = "CUDA EULA"; } { shortName = "unfree"; } ]; }
+    ]
+  ) [ true true false false ])
   (expect "the package carries its host profile" (lib.all (
     name: lib.hasInfix "$out/share/lucebox/hosts/${name}.toml" packages.${name}.script
   ) chipNames) true)

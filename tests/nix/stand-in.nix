@@ -1,7 +1,8 @@
 # Stand-ins for what tests/nix/eval-*.nix cannot have where they run (nixpkgs is 4 GB and cannot
 # be fetched there; nixpkgs.lib can), and their check helpers:
 #   pkgs     a small stand-in: derivations are attribute sets with fake store paths that keep
-#            their arguments, so a test can look at what would be built
+#            their arguments, so a test can look at what would be built (tests/nix/fake-drv.nix;
+#            the CUDA packages flake.nix imports nixpkgs for are in stand-in-nixpkgs.nix)
 #   nixos    a module declaring, with their types, the NixOS options our modules set; a misspelt
 #            option or a value of the wrong type fails as it would in NixOS
 #   expect   a check: its name when the value is the expected one, else an error showing both
@@ -10,17 +11,7 @@
 let
   inherit (lib) mkOption types;
 
-  store = "/nix/store/00000000000000000000000000000000";
-
-  fakeDrv =
-    name: attrs:
-    {
-      type = "derivation";
-      inherit name;
-      outPath = "${store}-${name}";
-      drvPath = "${store}-${name}.drv";
-    }
-    // attrs;
+  inherit (import ./fake-drv.nix) store fakeDrv;
 
   option = type: default: mkOption { inherit type default; };
 
@@ -70,7 +61,7 @@ in
     curl = fakeDrv "curl" { };
     util-linux = fakeDrv "util-linux" { };
     testers.runNixOSTest = test: fakeDrv "vm-test-${test.name}" { inherit test; };
-    cudaPackages_12.cudaMajorMinorVersion = "12.9";
+    addDriverRunpath.driverLink = "/run/opengl-driver";
     rocmPackages.rocm-core.version = "7.2.2";
     formats.toml =
       { }:

@@ -71,6 +71,12 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         };
         println!("note: the {backend} backend is not built yet; this package runs the CPU engine");
     }
+    if crate::load::Device::of_profile(&profile)? == crate::load::Device::Cuda {
+        match cuda_engine() {
+            Ok(engine) => println!("engine: {engine}"),
+            Err(why) => problems.push(format!("the profile's CUDA engine cannot start: {why:#}")),
+        }
+    }
     if devices.rocm_matches(&profile) == Some(false) {
         problems.push(format!(
             "ROCm {} is installed, the profile was built for ROCm {}",
@@ -87,6 +93,14 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         profile.chip().name()
     );
     Ok(())
+}
+
+/// The CUDA backend's description, or why it cannot start.
+fn cuda_engine() -> anyhow::Result<String> {
+    #[cfg(feature = "cuda")]
+    return Ok(crate::load::cuda_backend()?.describe());
+    #[cfg(not(feature = "cuda"))]
+    anyhow::bail!(crate::load::NO_CUDA)
 }
 
 fn report_devices(devices: &Devices) {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use lucebox_appliance::{BackendKind, HostProfile};
 use lucebox_backend::{Backend, CpuBackend};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
@@ -58,6 +59,20 @@ pub(crate) enum Device {
     Cuda,
 }
 
+impl Device {
+    /// The device a host profile's engine runs on (`[engine] backend`).
+    pub(crate) fn of_profile(profile: &HostProfile) -> anyhow::Result<Device> {
+        match profile.engine().backend {
+            BackendKind::Cpu => Ok(Device::Cpu),
+            BackendKind::Cuda => Ok(Device::Cuda),
+            BackendKind::Hip => bail!(
+                "hosts/{}.toml: [engine] backend = \"hip\", which this lucebox has no backend for",
+                profile.chip().name()
+            ),
+        }
+    }
+}
+
 /// The CUDA backend on the first device.
 #[cfg(feature = "cuda")]
 pub(crate) fn cuda_backend() -> anyhow::Result<Arc<lucebox_backend::CudaBackend>> {
@@ -66,8 +81,7 @@ pub(crate) fn cuda_backend() -> anyhow::Result<Arc<lucebox_backend::CudaBackend>
 
 /// What a build without the CUDA backend says when asked for it.
 #[cfg(not(feature = "cuda"))]
-pub(crate) const NO_CUDA: &str =
-    "--device cuda: this lucebox was built without the CUDA backend (cargo build --features cuda)";
+pub(crate) const NO_CUDA: &str = "the cuda device: this lucebox was built without the CUDA backend (cargo build --features cuda)";
 
 /// The CPU backend with `threads` threads (all cores when `None`), shared by every model of a
 /// command so that target and drafter do not compete with two thread pools.

@@ -60,7 +60,7 @@ pub struct ServeArgs {
     /// Compute threads of the CPU backend [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
-    /// The backend to serve on [default: cpu].
+    /// The backend to serve on [default: the profile's, `[engine] backend`].
     #[arg(long, value_enum)]
     device: Option<Device>,
     /// Address to listen on [default: 127.0.0.1].
@@ -234,7 +234,10 @@ impl Settings {
         if file.api_key.is_some() && file.api_key_file.is_some() {
             bail!("--config: `api_key` and `api_key_file` both set the key: give one of them");
         }
-        let device = args.device.or(file.device).unwrap_or_default();
+        let device = match args.device.or(file.device) {
+            Some(device) => device,
+            None => Device::of_profile(&profile)?,
+        };
         #[cfg(not(feature = "cuda"))]
         if device == Device::Cuda {
             bail!(crate::load::NO_CUDA);

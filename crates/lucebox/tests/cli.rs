@@ -266,3 +266,24 @@ fn a_build_without_cuda_says_so_when_asked_for_it() {
         assert_one_line_error(&args, "this lucebox was built without the CUDA backend");
     }
 }
+
+#[test]
+#[cfg(not(feature = "cuda"))]
+fn doctor_fails_a_cuda_profile_on_a_build_without_cuda() {
+    let root = tempfile::tempdir().unwrap();
+    let (code, stdout, stderr) = doctor(root.path(), "rtx3090");
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("engine backend: cuda\n") && !stdout.contains("CPU engine"),
+        "{stdout}"
+    );
+    // No NVIDIA GPU here either: both problems, on one line.
+    for problem in [
+        "the package is built for rtx3090, which this machine is not",
+        "the profile's CUDA engine cannot start: the cuda device: this lucebox was built without \
+         the CUDA backend",
+    ] {
+        assert!(stderr.contains(problem), "{problem:?} not in {stderr}");
+    }
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}

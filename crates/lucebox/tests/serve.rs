@@ -489,7 +489,9 @@ fn text_completions_tokenize_detokenize_models_and_props() {
 #[test]
 fn a_chip_profile_sets_the_defaults_and_bad_names_are_one_line() {
     let rtx3090 = lucebox_appliance::HostProfile::embedded("rtx3090").unwrap();
-    let server = Server::start(&["--chip", "rtx3090"]);
+    // The profile's engine is CUDA; this test build has none, so the defaults are tested on the
+    // CPU.
+    let server = Server::start(&["--chip", "rtx3090", "--device", "cpu"]);
     let props = server.get("/props", &[]).json();
     assert_eq!(props["chip"], "rtx3090");
     assert_eq!(props["n_ctx"], rtx3090.engine().context);
@@ -502,6 +504,11 @@ fn a_chip_profile_sets_the_defaults_and_bad_names_are_one_line() {
             "--chip: unknown chip \"rtx9090\"",
         ),
         (&["--pair", "x"][..], "--pair: chip cpu has no pair \"x\""),
+        #[cfg(not(feature = "cuda"))]
+        (
+            &["--chip", "rtx3090"][..],
+            "this lucebox was built without the CUDA backend",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lucebox"))
             .arg("serve")
