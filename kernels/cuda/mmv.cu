@@ -120,23 +120,11 @@ __device__ __forceinline__ QSpan qspan<BlockQ8_0>(const uint8_t *row, int s) {
     return sp;
 }
 
-// Q4_K: span s is block s/8, 16-byte piece j = s%8 of its qs: bytes 32c + l0.. (c = j/2 the
-// 64-element chunk, l0 = 0 or 16) hold in their low nibbles elements 64c + l0.. of sub-block
-// 2c, in their high nibbles the same places of sub-block 2c+1. Blocks are 144 bytes, so the
-// piece is 16-byte aligned.
-template <>
-__device__ __forceinline__ QSpan qspan<BlockQ4_K>(const uint8_t *row, int s) {
-    const uint8_t *b = row + (size_t)(s / 8) * BlockQ4_K::BYTES;
-    const int j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
+// The scales and columns of span s of a Q4_K or Q5_K row, piece `l0` of the 64-element
+// `chunk` of the block at b; the caller fills in the quants.
+static __device__ __forceinline__ QSpan k4_span(const uint8_t *b, int s, int chunk, int l0) {
     const ChunkScales cs = chunk_scales_k4(b, chunk);
-    int w[4];
-    load16(b + 16 + 32 * chunk + l0, w);
     QSpan sp;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        sp.lo[i] = w[i] & 0x0F0F0F0F;
-        sp.hi[i] = (w[i] >> 4) & 0x0F0F0F0F;
-    }
     sp.d_lo = cs.d_lo;
     sp.m_lo = -cs.min_lo;
     sp.d_hi = cs.d_hi;
@@ -146,28 +134,40 @@ __device__ __forceinline__ QSpan qspan<BlockQ4_K>(const uint8_t *row, int s) {
     return sp;
 }
 
+// Q4_K: span s is block s/8, 16-byte piece j = s%8 of its qs: bytes 32c + l0.. (c = j/2 the
+// 64-element chunk, l0 = 0 or 16) hold in their low nibbles elements 64c + l0.. of sub-block
+// 2c, in their high nibbles the same places of sub-block 2c+1. Blocks are 144 bytes, so the
+// piece is 16-byte aligned.
+template <>
+__device__ __forceinline__ QSpan qspan<BlockQ4_K>(const uint8_t *row, int s) {
+    const uint8_t *b = row + (size_t)(s / 8) * BlockQ4_K::BYTES;
+    const int j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
+    QSpan sp = k4_span(b, s, chunk, l0);
+    int w[4];
+    load16(b + 16 + 32 * chunk + l0, w);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sp.lo[i] = w[i] & 0x0F0F0F0F;
+        sp.hi[i] = (w[i] >> 4) & 0x0F0F0F0F;
+    }
+    return sp;
+}
+
 // Q5_K: as Q4_K, with each element's fifth bit from qh[l0 + i] (bit 2c for the low nibble,
 // 2c+1 for the high one). Blocks are 176 bytes, so both pieces are 16-byte aligned.
 template <>
 __device__ __forceinline__ QSpan qspan<BlockQ5_K>(const uint8_t *row, int s) {
     const uint8_t *b = row + (size_t)(s / 8) * BlockQ5_K::BYTES;
     const int j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
-    const ChunkScales cs = chunk_scales_k4(b, chunk);
+    QSpan sp = k4_span(b, s, chunk, l0);
     int w[4], h[4];
     load16(b + 48 + 32 * chunk + l0, w);
     load16(b + 16 + l0, h);
-    QSpan sp;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         sp.lo[i] = (w[i] & 0x0F0F0F0F) | (((h[i] >> (2 * chunk)) & 0x01010101) << 4);
         sp.hi[i] = ((w[i] >> 4) & 0x0F0F0F0F) | (((h[i] >> (2 * chunk + 1)) & 0x01010101) << 4);
     }
-    sp.d_lo = cs.d_lo;
-    sp.m_lo = -cs.min_lo;
-    sp.d_hi = cs.d_hi;
-    sp.m_hi = -cs.min_hi;
-    sp.first = 256 * (s / 8) + 64 * chunk + l0;
-    sp.second = sp.first + 32;
     return sp;
 }
 

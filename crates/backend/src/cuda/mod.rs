@@ -733,43 +733,28 @@ impl Backend for CudaBackend {
             matrix.cols as i32,
             rows as i32,
         );
-        let Some(kernels) = &matrix.format.quantized else {
-            return self.launch(
-                "matmul",
-                &matrix.format.mmv,
-                grid,
-                WARPS_PER_BLOCK * 32,
-                |b| {
-                    b.arg(&matrix.data)
-                        .arg(&row_bytes)
-                        .arg(&out_rows)
-                        .arg(&cols)
-                        .arg(&x.data)
-                        .arg(&tokens);
-                    match bias {
-                        Some(bias) => b.arg(&bias.data),
-                        None => b.arg(&NULL),
-                    };
-                    b.arg(out.written());
+        // The quantized formats take the activations quantized, and have a one-row instance.
+        let (mmv, quantized) = match &matrix.format.quantized {
+            Some(kernels) => (
+                if rows == 1 {
+                    &kernels.mmv1
+                } else {
+                    &matrix.format.mmv
                 },
-            );
-        };
-        let quantized = self.quantize(x, rows)?;
-        let mmv = if rows == 1 {
-            &kernels.mmv1
-        } else {
-            &matrix.format.mmv
+                Some(self.quantize(x, rows)?),
+            ),
+            None => (&matrix.format.mmv, None),
         };
         self.launch("matmul", mmv, grid, WARPS_PER_BLOCK * 32, |b| {
             b.arg(&matrix.data)
                 .arg(&row_bytes)
                 .arg(&out_rows)
-                .arg(&cols)
-                .arg(&quantized.hi)
-                .arg(&quantized.lo)
-                .arg(&quantized.scales)
-                .arg(&quantized.sums)
-                .arg(&tokens);
+                .arg(&cols);
+            match quantized {
+                Some(q) => b.arg(&q.hi).arg(&q.lo).arg(&q.scales).arg(&q.sums),
+                None => b.arg(&x.data),
+            };
+            b.arg(&tokens);
             match bias {
                 Some(bias) => b.arg(&bias.data),
                 None => b.arg(&NULL),
