@@ -4,13 +4,11 @@
 #include "q8.cuh"
 
 // One warp per group of 32 values; `groups` = rows * cols / 32 (cols a multiple of 32).
-extern "C" __global__ void quantize_q8(const float *x, long long groups, signed char *hi,
-                                       signed char *lo, float2 *scales, float *sums) {
+extern "C" __global__ void quantize_q8(const float *x, long long groups, QuantizedOut out) {
     const long long group = (long long)blockIdx.x * (blockDim.x / WARP_SIZE) +
                             threadIdx.x / WARP_SIZE;
     if (group >= groups) {
         return;
     }
-    quantize_group(x[group * WARP_SIZE + threadIdx.x % WARP_SIZE], group,
-                   {hi, lo, scales, sums});
+    quantize_group(x[group * WARP_SIZE + threadIdx.x % WARP_SIZE], group, out);
 }

@@ -4,8 +4,9 @@
 //! engine) and a device. It owns memory (weights, activations, KV cache) and runs the operations
 //! of a forward pass over a [`RaggedBatch`], the single input shape shared by prefill, decode and
 //! speculative verification. [`CpuBackend`] implements it on the host with SIMD kernels chosen at
-//! run time; [`CudaBackend`] (feature `cuda`) implements it on an NVIDIA GPU with the kernels of
-//! `kernels/cuda/`, and a HIP backend will implement the same trait.
+//! run time. [`GpuBackend`] implements it on a GPU with the kernels of `kernels/cuda/`, over a
+//! [`Runtime`]: [`CudaBackend`] (feature `cuda`) on NVIDIA GPUs, [`HipBackend`] (feature `hip`)
+//! on AMD RDNA GPUs, from the same kernel sources.
 //!
 //! ```no_run
 //! use lucebox_backend::{Backend, CpuBackend};
@@ -22,6 +23,10 @@ mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod error;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod gpu;
+#[cfg(feature = "hip")]
+mod hip;
 
 pub use backend::{
     AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Rope, RopeStyle, argmax,
@@ -29,7 +34,12 @@ pub use backend::{
 pub use batch::RaggedBatch;
 pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};
 #[cfg(feature = "cuda")]
-pub use cuda::{
-    CudaActivations, CudaBackend, CudaBatch, CudaKvCache, CudaMatrix, CudaRecordings, CudaVector,
-};
+pub use cuda::{Cuda, CudaBackend};
 pub use error::Error;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub use gpu::{
+    Buffer, GpuActivations, GpuBackend, GpuBatch, GpuKvCache, GpuMatrix, GpuRecordings, GpuVector,
+    KernelArg, QuantizedOut, Runtime,
+};
+#[cfg(feature = "hip")]
+pub use hip::{Hip, HipBackend};

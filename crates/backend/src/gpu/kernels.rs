@@ -1,0 +1,77 @@
+//! The kernels of `kernels/cuda/` as one runtime loaded them for one device.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lucebox_gguf::GgmlType;
+
+/// Every kernel, loaded for one device.
+pub(crate) struct Kernels<F> {
+    formats: HashMap<GgmlType, Arc<FormatKernels<F>>>,
+    pub(crate) rms_norm: F,
+    pub(crate) rms_norm_heads: F,
+    pub(crate) rope: F,
+    pub(crate) store_kv: F,
+    pub(crate) attention: F,
+    pub(crate) silu_mul: F,
+    pub(crate) add: F,
+    pub(crate) gather_rows: F,
+    pub(crate) argmax_rows: F,
+    pub(crate) quantize_q8: F,
+}
+
+/// The kernels of one storage format.
+pub(crate) struct FormatKernels<F> {
+    pub(crate) ty: GgmlType,
+    /// The matvec for any number of activation rows: over f32 activations for the float
+    /// formats, over quantized activations for the others.
+    pub(crate) mmv: F,
+    /// The matvec of exactly one quantized activation row (a decode step); the float formats
+    /// have none.
+    pub(crate) mmv1: Option<F>,
+    pub(crate) get_rows: F,
+}
+
+impl<F> Kernels<F> {
+    /// Loads every kernel through `function(family, name)`, `family` being the file of
+    /// `kernels/cuda/` that defines `name`.
+    pub(crate) fn load(function: impl Fn(&str, &str) -> Result<F, String>) -> Result<Self, String> {
+        // The formats with kernels are those kernels/cuda/quant.cuh instantiates.
+        let formats = GgmlType::ALL
+            .iter()
+            .filter_map(|&ty| {
+                let suffix = ty.name().to_lowercase();
+                let mmv = function("mmv", &format!("mmv_{suffix}")).ok()?;
+                let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
+                let mmv1 = function("mmv", &format!("mmv1_{suffix}")).ok();
+                Some((
+                    ty,
+                    Arc::new(FormatKernels {
+                        ty,
+                        mmv,
+                        mmv1,
+                        get_rows,
+                    }),
+                ))
+            })
+            .collect();
+        Ok(Self {
+            formats,
+            rms_norm: function("norm", "rms_norm")?,
+            rms_norm_heads: function("norm", "rms_norm_heads")?,
+            rope: function("rope", "rope")?,
+            store_kv: function("attention", "store_kv")?,
+            attention: function("attention", "attention")?,
+            silu_mul: function("elementwise", "silu_mul")?,
+            add: function("elementwise", "add")?,
+            gather_rows: function("elementwise", "gather_rows")?,
+            argmax_rows: function("argmax", "argmax_rows")?,
+            quantize_q8: function("quantize", "quantize_q8")?,
+        })
+    }
+
+    /// The kernels of storage type `ty`, if the images have them.
+    pub(crate) fn format(&self, ty: GgmlType) -> Option<Arc<FormatKernels<F>>> {
+        self.formats.get(&ty).cloned()
+    }
+}

@@ -1,0 +1,946 @@
+//! The GPU backend, one implementation for every [`Runtime`]: weights uploaded once in their
+//! GGUF block layout, activations and the paged f16 KV cache in device memory, the kernels of
+//! `kernels/cuda/` (one source for CUDA and HIP), and short forward passes recorded as graphs.
+//!
+//! The runtimes ([`Cuda`](crate::Cuda), [`Hip`](crate::Hip)) differ only in how they allocate,
+//! copy, launch and record; everything the kernels are told (grids, arguments, checks) is here,
+//! once.
+
+mod kernels;
+mod runtime;
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lucebox_gguf::GgufFile;
+use lucebox_quant::{Isa, WeightFormat};
+
+use crate::checks::{self, Dims, HeadDims};
+use crate::{
+    AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch, Rope,
+    RopeStyle,
+};
+use kernels::FormatKernels;
+pub(crate) use kernels::Kernels;
+pub(crate) use runtime::Sealed;
+pub use runtime::{KernelArg, QuantizedOut, Runtime};
+
+/// Threads per block of the row-wise kernels.
+const ROW_THREADS: u32 = 256;
+/// Lanes per warp (CUDA) or wave (HIP): the kernels reduce over 32 lanes, and the HIP build
+/// refuses wave64 (kernels/portable.cuh).
+const LANES: u32 = 32;
+/// Warps per block of the kernels that give each warp one item, such as a weight row (must
+/// match the kernels).
+const WARPS_PER_BLOCK: u32 = 4;
+/// The heads the attention kernel takes: each lane holds head_dim / 32 dimensions, at most
+/// `ATTENTION_MAX_PER_LANE`.
+const HEAD_DIMS: HeadDims = HeadDims {
+    max: 256,
+    multiple_of: 32,
+};
+/// Warps per block of the attention kernel (`ATTENTION_WARPS`).
+const ATTENTION_WARPS: u32 = 4;
+/// The largest forward pass recorded as a graph: decode and verify steps, whose hundreds of
+/// short kernels cost more to launch one by one than to run. Longer prefill passes are
+/// dominated by their matrix products.
+const RECORD_MAX_TOKENS: usize = 64;
+/// The most graphs one workspace keeps (one per batch shape seen).
+const RECORD_MAX_GRAPHS: usize = 256;
+/// Values per scale of the quantized activations (`quantize_q8`), and the width every quantized
+/// matrix's rows are a multiple of.
+const QUANT_GROUP: usize = 32;
+/// A null device address, for an absent optional argument.
+const NULL: KernelArg = KernelArg::U64(0);
+
+/// The backend on one GPU of runtime `R` ([`CudaBackend`](crate::CudaBackend),
+/// [`HipBackend`](crate::HipBackend)).
+pub struct GpuBackend<R: Runtime> {
+    runtime: R,
+    kernels: Kernels<R::Function>,
+    device: String,
+    /// Bytes per second: the memory clock (double data rate) times the bus width.
+    peak_bandwidth: Option<f64>,
+    /// Whether forward passes are recorded and replayed as graphs (`R::GRAPHS_VAR=0` turns
+    /// them off, to compare, to debug, or to profile each kernel).
+    graphs: bool,
+    /// The device-side result of [`Backend::argmax_rows`], grown to the most rows asked for.
+    argmax: Mutex<Option<Buffer<R, u32>>>,
+}
+
+impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuBackend")
+            .field("runtime", &R::NAME)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The backend's error for a failed device operation `op`.
+fn device_error<R: Runtime>(op: &'static str) -> impl FnOnce(String) -> Error {
+    move |detail| Error::Device {
+        backend: R::NAME,
+        op,
+        detail,
+    }
+}
+
+/// The error a runtime gives when it cannot start on this machine.
+pub(crate) fn unavailable<R: Runtime>(reason: String) -> Error {
+    Error::Unavailable {
+        backend: R::NAME,
+        reason,
+    }
+}
+
+/// Plain values that cross between host and device as their bytes.
+///
+/// # Safety
+/// Implementors have no padding and every byte pattern is a valid value.
+pub(crate) unsafe trait Element: Copy + 'static {}
+// SAFETY: plain numbers, without padding; every bit pattern is a value.
+unsafe impl Element for u8 {}
+// SAFETY: as above.
+unsafe impl Element for i8 {}
+// SAFETY: as above.
+unsafe impl Element for u16 {}
+// SAFETY: as above.
+unsafe impl Element for u32 {}
+// SAFETY: as above.
+unsafe impl Element for f32 {}
+
+fn bytes_of<T: Element>(values: &[T]) -> &[u8] {
+    // SAFETY: `Element` types have no padding, so their memory is initialised bytes.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), size_of_val(values)) }
+}
+
+fn bytes_of_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `bytes_of`, and any bytes written back form valid `T`s.
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), size_of_val(values)) }
+}
+
+/// `len` values of `T` in device memory.
+pub struct Buffer<R: Runtime, T> {
+    raw: R::Buffer,
+    address: u64,
+    len: usize,
+    element: PhantomData<T>,
+}
+
+impl<R: Runtime, T> std::fmt::Debug for Buffer<R, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer").field("len", &self.len).finish()
+    }
+}
+
+impl<R: Runtime, T> Buffer<R, T> {
+    /// The buffer as a kernel argument (its device address).
+    fn arg(&self) -> KernelArg {
+        KernelArg::U64(self.address)
+    }
+}
+
+impl<R: Runtime> GpuBackend<R> {
+    /// The backend on a started runtime; `function(family, name)` loads each kernel.
+    pub(crate) fn start(
+        runtime: R,
+        device: String,
+        peak_bandwidth: Option<f64>,
+        function: impl Fn(&str, &str) -> Result<R::Function, String>,
+    ) -> Result<Self, Error> {
+        let kernels = Kernels::load(function)
+            .map_err(|reason| unavailable::<R>(format!("{device}: {reason}")))?;
+        let graphs = std::env::var_os(R::GRAPHS_VAR).is_none_or(|v| v != "0");
+        Ok(Self {
+            runtime,
+            kernels,
+            device,
+            peak_bandwidth,
+            graphs,
+            argmax: Mutex::new(None),
+        })
+    }
+
+    fn zeros<T: Element>(&self, len: usize, what: &'static str) -> Result<Buffer<R, T>, Error> {
+        let bytes = len.max(1).checked_mul(size_of::<T>());
+        let raw = bytes
+            .ok_or(())
+            .and_then(|bytes| self.runtime.alloc_zeroed(bytes).map_err(|_| ()))
+            .map_err(|()| Error::OutOfMemory {
+                what,
+                bytes: (len as u64).saturating_mul(size_of::<T>() as u64),
+            })?;
+        Ok(Buffer {
+            address: self.runtime.address(&raw),
+            raw,
+            len,
+            element: PhantomData,
+        })
+    }
+
+    /// A buffer holding `host`.
+    fn upload_new<T: Element>(
+        &self,
+        host: &[T],
+        what: &'static str,
+    ) -> Result<Buffer<R, T>, Error> {
+        let mut buffer = self.zeros(host.len(), what)?;
+        self.upload(host, &mut buffer)?;
+        Ok(buffer)
+    }
+
+    /// Copies `host` to the start of `device` (the callers checked that it fits).
+    fn upload<T: Element>(&self, host: &[T], device: &mut Buffer<R, T>) -> Result<(), Error> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        assert!(host.len() <= device.len, "upload past the end of a buffer");
+        self.runtime
+            .upload(&mut device.raw, bytes_of(host))
+            .map_err(device_error::<R>("upload"))
+    }
+
+    /// Copies the start of `device` to `host` once the work queued so far has run.
+    fn download<T: Element>(
+        &self,
+        op: &'static str,
+        device: &Buffer<R, T>,
+        host: &mut [T],
+    ) -> Result<(), Error> {
+        assert!(
+            host.len() <= device.len,
+            "download past the end of a buffer"
+        );
+        self.runtime
+            .download(&device.raw, bytes_of_mut(host))
+            .map_err(device_error::<R>(op))
+    }
+
+    fn launch(
+        &self,
+        op: &'static str,
+        function: &R::Function,
+        grid: u32,
+        block: u32,
+        args: &[KernelArg],
+    ) -> Result<(), Error> {
+        if grid == 0 {
+            return Ok(());
+        }
+        // SAFETY: each call passes its kernel's parameters in the signature's order with its
+        // types (kernels/cuda/*.cu), and checked every size the kernel indexes with first.
+        unsafe { self.runtime.launch(function, grid, block, args) }.map_err(device_error::<R>(op))
+    }
+
+    /// The quantized copy of the first `rows` rows of `x`, made unless the operations issued
+    /// since `x` was last written already made it.
+    fn quantize<'a>(
+        &self,
+        x: &'a GpuActivations<R>,
+        rows: usize,
+    ) -> Result<&'a Quantized<R>, Error> {
+        let quantized = x.quantized.as_ref().ok_or_else(|| Error::Shape {
+            op: "matmul",
+            detail: format!(
+                "quantized weights take activations whose width is a multiple of \
+                 {QUANT_GROUP}, not {}",
+                x.cols
+            ),
+        })?;
+        if x.quantized_rows.get() < rows {
+            let groups = (rows * x.cols / QUANT_GROUP) as i64;
+            let grid = (groups as u64).div_ceil(u64::from(WARPS_PER_BLOCK)) as u32;
+            self.launch(
+                "quantize",
+                &self.kernels.quantize_q8,
+                grid,
+                WARPS_PER_BLOCK * LANES,
+                &[x.data.arg(), groups.into(), quantized.out().into()],
+            )?;
+            x.quantized_rows.set(rows);
+        }
+        Ok(quantized)
+    }
+
+    /// Records what `enqueue` issues as a graph, without running it.
+    fn record<F>(&self, cache: &mut GpuKvCache<R>, enqueue: F) -> Result<R::Graph, Error>
+    where
+        F: FnOnce(&mut GpuKvCache<R>) -> Result<(), Error>,
+    {
+        self.runtime
+            .begin_recording()
+            .map_err(device_error::<R>("record"))?;
+        let issued = enqueue(cache);
+        // The recording ends whatever happened, so that the stream is usable again.
+        let graph = self.runtime.end_recording();
+        issued?;
+        graph
+            .map_err(device_error::<R>("record"))?
+            .ok_or_else(|| Error::Device {
+                backend: R::NAME,
+                op: "record",
+                detail: "the recorded forward pass is empty".into(),
+            })
+    }
+}
+
+/// The forward passes recorded for one workspace, by shape and KV cache.
+pub struct GpuRecordings<R: Runtime> {
+    graphs: HashMap<(PassShape, u64), R::Graph>,
+}
+
+impl<R: Runtime> std::fmt::Debug for GpuRecordings<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuRecordings")
+            .field("graphs", &self.graphs.len())
+            .finish()
+    }
+}
+
+/// A weight matrix in device memory, in its GGUF block layout.
+pub struct GpuMatrix<R: Runtime> {
+    data: Buffer<R, u8>,
+    format: Arc<FormatKernels<R::Function>>,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+impl<R: Runtime> std::fmt::Debug for GpuMatrix<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuMatrix")
+            .field("type", &self.format.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An f32 vector in device memory.
+#[derive(Debug)]
+pub struct GpuVector<R: Runtime> {
+    data: Buffer<R, f32>,
+    len: usize,
+}
+
+/// A row-major f32 matrix in device memory, with room for its copy quantized for the matvec.
+#[derive(Debug)]
+pub struct GpuActivations<R: Runtime> {
+    data: Buffer<R, f32>,
+    rows: usize,
+    cols: usize,
+    /// Present when `cols` is a multiple of 32 (every quantized matrix's width).
+    quantized: Option<Quantized<R>>,
+    /// How many leading rows `quantized` holds, as of the operations issued so far; every
+    /// operation that writes the matrix resets it through [`written`](Self::written).
+    quantized_rows: Cell<usize>,
+}
+
+/// Activations quantized in groups of 32, in two 8-bit parts (kernels/cuda/q8.cuh).
+#[derive(Debug)]
+struct Quantized<R: Runtime> {
+    hi: Buffer<R, i8>,
+    lo: Buffer<R, i8>,
+    /// `(d_hi, d_lo)` per group.
+    scales: Buffer<R, f32>,
+    /// `d_hi * sum(hi) + d_lo * sum(lo)` per 16 values.
+    sums: Buffer<R, f32>,
+}
+
+impl<R: Runtime> Quantized<R> {
+    /// The copy's addresses, for a kernel that reads or writes it.
+    fn out(&self) -> QuantizedOut {
+        QuantizedOut {
+            hi: self.hi.address,
+            lo: self.lo.address,
+            scales: self.scales.address,
+            sums: self.sums.address,
+        }
+    }
+}
+
+impl<R: Runtime> GpuActivations<R> {
+    fn dims(&self) -> Dims {
+        Dims {
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    /// The data, for an operation that writes it: its quantized copy is stale from then on.
+    fn written(&mut self) -> KernelArg {
+        self.quantized_rows.set(0);
+        self.data.arg()
+    }
+
+    /// The data and where its quantized copy goes, for a kernel that writes both for the first
+    /// `rows` rows (nulls when the width cannot be quantized, and the kernel writes the data
+    /// only).
+    fn written_quantized(&mut self, rows: usize) -> (KernelArg, KernelArg) {
+        let out = match &self.quantized {
+            Some(q) => {
+                self.quantized_rows.set(rows);
+                q.out()
+            }
+            None => {
+                self.quantized_rows.set(0);
+                QuantizedOut::default()
+            }
+        };
+        (self.data.arg(), out.into())
+    }
+}
+
+/// A KV cache pool in device memory: per layer, `[block][slot][kv_head][head_dim]` in f16.
+#[derive(Debug)]
+pub struct GpuKvCache<R: Runtime> {
+    /// Unique among the pools of this process: recordings are kept per pool.
+    id: u64,
+    layout: KvLayout,
+    k: Vec<Buffer<R, u16>>,
+    v: Vec<Buffer<R, u16>>,
+}
+
+/// A batch's metadata in device buffers of fixed capacity, with the host copy the checks read.
+#[derive(Debug)]
+pub struct GpuBatch<R: Runtime> {
+    capacity: BatchCapacity,
+    rope: Rope,
+    host: RaggedBatch,
+    table_offsets: Vec<u32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    device: DeviceBatch<R>,
+}
+
+#[derive(Debug)]
+struct DeviceBatch<R: Runtime> {
+    tokens: Buffer<R, u32>,
+    positions: Buffer<R, u32>,
+    table_offsets: Buffer<R, u32>,
+    block_ids: Buffer<R, u32>,
+    logits_rows: Buffer<R, u32>,
+    cos: Buffer<R, f32>,
+    sin: Buffer<R, f32>,
+}
+
+/// The kernels' `int` for a size the checks bounded.
+fn int(value: usize) -> KernelArg {
+    KernelArg::I32(value as i32)
+}
+
+impl<R: Runtime> Backend for GpuBackend<R> {
+    type Matrix = GpuMatrix<R>;
+    type Vector = GpuVector<R>;
+    type Activations = GpuActivations<R>;
+    type KvCache = GpuKvCache<R>;
+    type Batch = GpuBatch<R>;
+    type Recordings = GpuRecordings<R>;
+
+    fn describe(&self) -> String {
+        format!("{} ({})", R::NAME, self.device)
+    }
+
+    fn peak_bandwidth(&self) -> Option<f64> {
+        self.peak_bandwidth
+    }
+
+    fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<GpuMatrix<R>, Error> {
+        let (view, [cols, rows]) = checks::tensor("load_matrix", file, name)?;
+        let format =
+            self.kernels
+                .format(view.ggml_type())
+                .ok_or_else(|| Error::UnsupportedType {
+                    tensor: name.to_owned(),
+                    ty: view.ggml_type(),
+                    backend: R::NAME,
+                })?;
+        let bytes = view.data();
+        Ok(GpuMatrix {
+            data: self.upload_new(bytes, "weights")?,
+            format,
+            rows,
+            cols,
+            row_bytes: bytes.len() / rows.max(1),
+        })
+    }
+
+    fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<GpuVector<R>, Error> {
+        let (view, [len]) = checks::tensor("load_vector", file, name)?;
+        let format = WeightFormat::new(view.ggml_type(), Isa::detect()).map_err(|_| {
+            Error::UnsupportedType {
+                tensor: name.to_owned(),
+                ty: view.ggml_type(),
+                backend: R::NAME,
+            }
+        })?;
+        let mut values = vec![0.0; len];
+        format.dequantize(view.data(), &mut values);
+        Ok(GpuVector {
+            data: self.upload_new(&values, "weights")?,
+            len,
+        })
+    }
+
+    fn vector_len(&self, v: &GpuVector<R>) -> usize {
+        v.len
+    }
+
+    fn matrix_shape(&self, m: &GpuMatrix<R>) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn activations(&self, rows: usize, cols: usize) -> Result<GpuActivations<R>, Error> {
+        let len = rows.checked_mul(cols).ok_or(Error::OutOfMemory {
+            what: "activations",
+            bytes: u64::MAX,
+        })?;
+        let quantized = if cols.is_multiple_of(QUANT_GROUP) {
+            Some(Quantized {
+                hi: self.zeros(len, "activations")?,
+                lo: self.zeros(len, "activations")?,
+                scales: self.zeros(2 * (len / QUANT_GROUP), "activations")?,
+                sums: self.zeros(len / 16, "activations")?,
+            })
+        } else {
+            None
+        };
+        Ok(GpuActivations {
+            data: self.zeros(len, "activations")?,
+            rows,
+            cols,
+            quantized,
+            quantized_rows: Cell::new(0),
+        })
+    }
+
+    fn kv_cache(&self, layout: KvLayout) -> Result<GpuKvCache<R>, Error> {
+        let per_layer = [layout.blocks, layout.block_tokens, layout.kv_heads]
+            .into_iter()
+            .try_fold(layout.head_dim, usize::checked_mul)
+            .ok_or(Error::OutOfMemory {
+                what: "kv cache",
+                bytes: u64::MAX,
+            })?;
+        let layer = || self.zeros::<u16>(per_layer, "kv cache");
+        let k = (0..layout.layers)
+            .map(|_| layer())
+            .collect::<Result<_, _>>()?;
+        let v = (0..layout.layers)
+            .map(|_| layer())
+            .collect::<Result<_, _>>()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+        Ok(GpuKvCache {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            layout,
+            k,
+            v,
+        })
+    }
+
+    fn batch(&self, capacity: BatchCapacity, rope: Rope) -> Result<GpuBatch<R>, Error> {
+        let half_rot = rope.rotary_dims / 2;
+        let tables = capacity.tokens * half_rot;
+        Ok(GpuBatch {
+            capacity,
+            rope,
+            host: RaggedBatch::new(),
+            table_offsets: Vec::with_capacity(capacity.tokens),
+            cos: vec![0.0; tables],
+            sin: vec![0.0; tables],
+            device: DeviceBatch {
+                tokens: self.zeros(capacity.tokens, "batch")?,
+                positions: self.zeros(capacity.tokens, "batch")?,
+                table_offsets: self.zeros(capacity.tokens, "batch")?,
+                block_ids: self.zeros(capacity.blocks, "batch")?,
+                logits_rows: self.zeros(capacity.logits, "batch")?,
+                cos: self.zeros(tables, "rope table")?,
+                sin: self.zeros(tables, "rope table")?,
+            },
+        })
+    }
+
+    fn set_batch(&self, dst: &mut GpuBatch<R>, src: &RaggedBatch) -> Result<(), Error> {
+        checks::set_batch(src, dst.capacity)?;
+        dst.host.copy_from(src);
+        dst.table_offsets.clear();
+        dst.table_offsets.extend(
+            src.token_seqs()
+                .iter()
+                .map(|&seq| src.seqs[seq as usize].blocks_start),
+        );
+        // Each token's cosines and sines: rotary_dims / 2 of each.
+        let tables = src.len() * (dst.rope.rotary_dims / 2);
+        dst.rope.tables(
+            src.positions(),
+            &mut dst.cos[..tables],
+            &mut dst.sin[..tables],
+        );
+        let d = &mut dst.device;
+        self.upload(src.tokens(), &mut d.tokens)?;
+        self.upload(src.positions(), &mut d.positions)?;
+        self.upload(&dst.table_offsets, &mut d.table_offsets)?;
+        self.upload(&src.block_ids, &mut d.block_ids)?;
+        self.upload(src.logits_rows(), &mut d.logits_rows)?;
+        self.upload(&dst.cos[..tables], &mut d.cos)?;
+        self.upload(&dst.sin[..tables], &mut d.sin)?;
+        Ok(())
+    }
+
+    fn recordings(&self) -> GpuRecordings<R> {
+        GpuRecordings {
+            graphs: HashMap::new(),
+        }
+    }
+
+    fn run_pass<F>(
+        &self,
+        recordings: &mut GpuRecordings<R>,
+        shape: PassShape,
+        cache: &mut GpuKvCache<R>,
+        enqueue: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce(&mut GpuKvCache<R>) -> Result<(), Error>,
+    {
+        let key = (shape, cache.id);
+        if !self.graphs
+            || shape.tokens > RECORD_MAX_TOKENS
+            || (recordings.graphs.len() >= RECORD_MAX_GRAPHS
+                && !recordings.graphs.contains_key(&key))
+        {
+            return enqueue(cache);
+        }
+        let graph = match recordings.graphs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(self.record(cache, enqueue)?)
+            }
+        };
+        self.runtime
+            .replay(graph)
+            .map_err(device_error::<R>("replay"))
+    }
+
+    fn embed(
+        &self,
+        table: &GpuMatrix<R>,
+        batch: &GpuBatch<R>,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        checks::embed(&batch.host, (table.rows, table.cols), out.dims())?;
+        let tokens = batch.host.tokens();
+        self.launch(
+            "embed",
+            &table.format.get_rows,
+            tokens.len() as u32,
+            ROW_THREADS,
+            &[
+                table.data.arg(),
+                (table.row_bytes as u64).into(),
+                int(table.cols),
+                batch.device.tokens.arg(),
+                out.written(),
+            ],
+        )
+    }
+
+    fn rms_norm(
+        &self,
+        x: &GpuActivations<R>,
+        weight: &GpuVector<R>,
+        eps: f32,
+        rows: usize,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        checks::rms_norm(rows, x.dims(), weight.len, out.dims())?;
+        // One warp per 32 columns of each row.
+        let groups = x.cols.div_ceil(QUANT_GROUP);
+        let items = (rows * groups) as i64;
+        let grid = (items as u64).div_ceil(u64::from(WARPS_PER_BLOCK)) as u32;
+        let (out, quantized) = out.written_quantized(rows);
+        self.launch(
+            "rms_norm",
+            &self.kernels.rms_norm,
+            grid,
+            WARPS_PER_BLOCK * LANES,
+            &[
+                x.data.arg(),
+                weight.data.arg(),
+                eps.into(),
+                int(x.cols),
+                int(groups),
+                items.into(),
+                out,
+                quantized,
+            ],
+        )
+    }
+
+    fn rms_norm_heads(
+        &self,
+        x: &mut GpuActivations<R>,
+        weight: &GpuVector<R>,
+        eps: f32,
+        rows: usize,
+    ) -> Result<(), Error> {
+        let head_dim = weight.len;
+        checks::rms_norm_heads(rows, x.dims(), head_dim)?;
+        let heads = rows * x.cols / head_dim;
+        let grid = (heads as u32).div_ceil(WARPS_PER_BLOCK);
+        self.launch(
+            "rms_norm_heads",
+            &self.kernels.rms_norm_heads,
+            grid,
+            WARPS_PER_BLOCK * LANES,
+            &[
+                x.written(),
+                weight.data.arg(),
+                eps.into(),
+                int(head_dim),
+                int(heads),
+            ],
+        )
+    }
+
+    fn matmul(
+        &self,
+        matrix: &GpuMatrix<R>,
+        bias: Option<&GpuVector<R>>,
+        x: &GpuActivations<R>,
+        rows: usize,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        checks::matmul(
+            rows,
+            (matrix.rows, matrix.cols),
+            bias.map(|b| b.len),
+            x.dims(),
+            out.dims(),
+        )?;
+        // One warp per weight row.
+        let grid = (matrix.rows as u32).div_ceil(WARPS_PER_BLOCK);
+        let format = &matrix.format;
+        let mut args = vec![
+            matrix.data.arg(),
+            (matrix.row_bytes as u64).into(),
+            int(matrix.rows),
+            int(matrix.cols),
+        ];
+        // The quantized formats take the activations quantized, and have a one-row instance.
+        let mmv = match &format.mmv1 {
+            Some(mmv1) => {
+                let q = self.quantize(x, rows)?;
+                args.extend([q.hi.arg(), q.lo.arg(), q.scales.arg(), q.sums.arg()]);
+                if rows == 1 { mmv1 } else { &format.mmv }
+            }
+            None => {
+                args.push(x.data.arg());
+                &format.mmv
+            }
+        };
+        args.extend([
+            int(rows),
+            bias.map_or(NULL, |bias| bias.data.arg()),
+            out.written(),
+        ]);
+        self.launch("matmul", mmv, grid, WARPS_PER_BLOCK * LANES, &args)
+    }
+
+    fn rope(
+        &self,
+        x: &mut GpuActivations<R>,
+        batch: &GpuBatch<R>,
+        head_dim: usize,
+    ) -> Result<(), Error> {
+        let rotary_dims = batch.rope.rotary_dims;
+        checks::rope(&batch.host, x.dims(), head_dim, rotary_dims)?;
+        let rows = batch.host.len();
+        let neox = i32::from(batch.rope.style == RopeStyle::Neox);
+        let cols = x.cols;
+        self.launch(
+            "rope",
+            &self.kernels.rope,
+            rows as u32,
+            ROW_THREADS,
+            &[
+                x.written(),
+                batch.device.cos.arg(),
+                batch.device.sin.arg(),
+                int(cols),
+                int(head_dim),
+                int(rotary_dims),
+                neox.into(),
+            ],
+        )
+    }
+
+    fn store_kv(
+        &self,
+        cache: &mut GpuKvCache<R>,
+        layer: usize,
+        k: &GpuActivations<R>,
+        v: &GpuActivations<R>,
+        batch: &GpuBatch<R>,
+    ) -> Result<(), Error> {
+        let l = cache.layout;
+        checks::store_kv(&l, layer, &batch.host, k.dims(), v.dims())?;
+        let rows = batch.host.len();
+        let d = &batch.device;
+        self.launch(
+            "store_kv",
+            &self.kernels.store_kv,
+            rows as u32,
+            ROW_THREADS,
+            &[
+                k.data.arg(),
+                v.data.arg(),
+                d.positions.arg(),
+                d.table_offsets.arg(),
+                d.block_ids.arg(),
+                int(l.block_tokens),
+                int(l.kv_heads * l.head_dim),
+                cache.k[layer].arg(),
+                cache.v[layer].arg(),
+            ],
+        )
+    }
+
+    fn attention(
+        &self,
+        q: &GpuActivations<R>,
+        cache: &GpuKvCache<R>,
+        layer: usize,
+        batch: &GpuBatch<R>,
+        shape: AttentionShape,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        let l = cache.layout;
+        checks::attention(
+            &l,
+            layer,
+            &batch.host,
+            shape,
+            Some(HEAD_DIMS),
+            q.dims(),
+            out.dims(),
+        )?;
+        let rows = batch.host.len();
+        let d = &batch.device;
+        self.launch(
+            "attention",
+            &self.kernels.attention,
+            (rows * shape.heads) as u32,
+            ATTENTION_WARPS * LANES,
+            &[
+                q.data.arg(),
+                cache.k[layer].arg(),
+                cache.v[layer].arg(),
+                d.positions.arg(),
+                d.table_offsets.arg(),
+                d.block_ids.arg(),
+                int(l.block_tokens),
+                int(rows),
+                int(shape.heads),
+                int(shape.kv_heads),
+                int(shape.head_dim),
+                shape.scale.into(),
+                out.written(),
+            ],
+        )
+    }
+
+    fn silu_mul(
+        &self,
+        gate: &mut GpuActivations<R>,
+        up: &GpuActivations<R>,
+        rows: usize,
+    ) -> Result<(), Error> {
+        checks::elementwise("silu_mul", rows, gate.dims(), up.dims())?;
+        let n = (rows * gate.cols) as u64;
+        let (gate, quantized) = gate.written_quantized(rows);
+        self.launch(
+            "silu_mul",
+            &self.kernels.silu_mul,
+            elementwise_grid(n),
+            ROW_THREADS,
+            &[gate, up.data.arg(), n.into(), quantized],
+        )
+    }
+
+    fn add(
+        &self,
+        x: &mut GpuActivations<R>,
+        y: &GpuActivations<R>,
+        rows: usize,
+    ) -> Result<(), Error> {
+        checks::elementwise("add", rows, x.dims(), y.dims())?;
+        let n = (rows * x.cols) as u64;
+        self.launch(
+            "add",
+            &self.kernels.add,
+            elementwise_grid(n),
+            ROW_THREADS,
+            &[x.written(), y.data.arg(), n.into()],
+        )
+    }
+
+    fn gather_logits_rows(
+        &self,
+        x: &GpuActivations<R>,
+        batch: &GpuBatch<R>,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        checks::gather_logits_rows(&batch.host, x.dims(), out.dims())?;
+        let wanted = batch.host.logits_rows();
+        self.launch(
+            "gather_logits_rows",
+            &self.kernels.gather_rows,
+            wanted.len() as u32,
+            ROW_THREADS,
+            &[
+                x.data.arg(),
+                batch.device.logits_rows.arg(),
+                int(x.cols),
+                out.written(),
+            ],
+        )
+    }
+
+    fn read_rows(&self, x: &GpuActivations<R>, rows: usize, out: &mut [f32]) -> Result<(), Error> {
+        checks::read_rows(rows, x.dims(), out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.download("read_rows", &x.data, out)
+    }
+
+    fn argmax_rows(&self, x: &GpuActivations<R>, out: &mut [u32]) -> Result<(), Error> {
+        checks::rows("argmax_rows", out.len(), x.rows)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.argmax.lock().unwrap_or_else(|e| e.into_inner());
+        let best = match &mut *guard {
+            Some(best) if best.len >= out.len() => best,
+            slot => slot.insert(self.zeros::<u32>(out.len(), "argmax")?),
+        };
+        self.launch(
+            "argmax_rows",
+            &self.kernels.argmax_rows,
+            out.len() as u32,
+            ROW_THREADS,
+            &[x.data.arg(), int(x.cols), best.arg()],
+        )?;
+        self.download("argmax_rows", best, out)
+    }
+}
+
+/// Blocks for a grid-stride loop over `n` elements.
+fn elementwise_grid(n: u64) -> u32 {
+    n.div_ceil(u64::from(ROW_THREADS)).min(4096) as u32
+}
