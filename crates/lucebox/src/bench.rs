@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use lucebox_backend::Backend;
 use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
 
-use crate::load::{Device, cpu_backend, load_model};
+use crate::load::{Device, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -99,13 +99,9 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--draft goes with --spec or --serve");
     }
     let model_arg = args.model.as_deref().context("--model is required")?;
-    match args.device {
-        Device::Cpu => bench_on(&cpu_backend(args.threads)?, &args, model_arg),
-        #[cfg(feature = "cuda")]
-        Device::Cuda => bench_on(&crate::load::cuda_backend()?, &args, model_arg),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda => bail!(crate::load::NO_CUDA),
-    }
+    crate::load::on_device!(args.device, args.threads, |backend| bench_on(
+        backend, &args, model_arg
+    ))
 }
 
 /// Loads the model on `backend` and runs the benchmark `args` ask for.

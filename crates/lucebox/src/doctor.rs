@@ -64,17 +64,17 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     } else {
         problems.push(not_this);
     }
+    let backend = profile.engine().backend.name().to_uppercase();
     if profile.is_cpu_stand_in() {
-        let backend = match profile.chip().runtime() {
-            Runtime::Cuda => "CUDA",
-            _ => "HIP",
-        };
-        println!("note: the {backend} backend is not built yet; this package runs the CPU engine");
+        println!("note: this profile runs the CPU engine, not the chip's own backend");
     }
-    if crate::load::Device::of_profile(&profile)? == crate::load::Device::Cuda {
-        match cuda_engine() {
+    let device = crate::load::Device::of_profile(&profile);
+    if device != crate::load::Device::Cpu {
+        match engine(device) {
             Ok(engine) => println!("engine: {engine}"),
-            Err(why) => problems.push(format!("the profile's CUDA engine cannot start: {why:#}")),
+            Err(why) => problems.push(format!(
+                "the profile's {backend} engine cannot start: {why:#}"
+            )),
         }
     }
     if devices.rocm_matches(&profile) == Some(false) {
@@ -95,12 +95,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The CUDA backend's description, or why it cannot start.
-fn cuda_engine() -> anyhow::Result<String> {
-    #[cfg(feature = "cuda")]
-    return Ok(crate::load::cuda_backend()?.describe());
-    #[cfg(not(feature = "cuda"))]
-    anyhow::bail!(crate::load::NO_CUDA)
+/// The description of `device`'s backend, or why it cannot start.
+fn engine(device: crate::load::Device) -> anyhow::Result<String> {
+    crate::load::on_device!(device, None, |backend| Ok(backend.describe()))
 }
 
 fn report_devices(devices: &Devices) {

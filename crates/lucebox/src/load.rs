@@ -57,31 +57,68 @@ pub(crate) enum Device {
     Cpu,
     /// The first CUDA device (builds with the `cuda` feature).
     Cuda,
+    /// The first HIP device: an AMD RDNA GPU (builds with the `hip` feature).
+    Hip,
 }
 
 impl Device {
     /// The device a host profile's engine runs on (`[engine] backend`).
-    pub(crate) fn of_profile(profile: &HostProfile) -> anyhow::Result<Device> {
+    pub(crate) fn of_profile(profile: &HostProfile) -> Device {
         match profile.engine().backend {
-            BackendKind::Cpu => Ok(Device::Cpu),
-            BackendKind::Cuda => Ok(Device::Cuda),
-            BackendKind::Hip => bail!(
-                "hosts/{}.toml: [engine] backend = \"hip\", which this lucebox has no backend for",
-                profile.chip().name()
-            ),
+            BackendKind::Cpu => Device::Cpu,
+            BackendKind::Cuda => Device::Cuda,
+            BackendKind::Hip => Device::Hip,
+        }
+    }
+
+    /// Fails, in one line, when this build lacks the device's backend (as [`on_device`] does).
+    pub(crate) fn ensure_built(self) -> anyhow::Result<()> {
+        match self {
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda => bail!(NO_CUDA),
+            #[cfg(not(feature = "hip"))]
+            Device::Hip => bail!(NO_HIP),
+            _ => Ok(()),
         }
     }
 }
 
-/// The CUDA backend on the first device.
-#[cfg(feature = "cuda")]
-pub(crate) fn cuda_backend() -> anyhow::Result<Arc<lucebox_backend::CudaBackend>> {
-    Ok(Arc::new(lucebox_backend::CudaBackend::new(0)?))
+/// Evaluates `$body` with `$backend` bound to `&Arc<B>`, the backend of `$device` (the CPU one
+/// with `$threads` threads), in the function's `anyhow::Result`; a device this build lacks is
+/// an error. A macro, because the body is generic over the backend's type.
+macro_rules! on_device {
+    ($device:expr, $threads:expr, |$backend:ident| $body:expr) => {
+        match $device {
+            $crate::load::Device::Cpu => {
+                let $backend = &$crate::load::cpu_backend($threads)?;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            $crate::load::Device::Cuda => {
+                let $backend = &std::sync::Arc::new(lucebox_backend::CudaBackend::new(0)?);
+                $body
+            }
+            #[cfg(feature = "hip")]
+            $crate::load::Device::Hip => {
+                let $backend = &std::sync::Arc::new(lucebox_backend::HipBackend::new(0)?);
+                $body
+            }
+            #[cfg(not(feature = "cuda"))]
+            $crate::load::Device::Cuda => anyhow::bail!($crate::load::NO_CUDA),
+            #[cfg(not(feature = "hip"))]
+            $crate::load::Device::Hip => anyhow::bail!($crate::load::NO_HIP),
+        }
+    };
 }
+pub(crate) use on_device;
 
 /// What a build without the CUDA backend says when asked for it.
 #[cfg(not(feature = "cuda"))]
 pub(crate) const NO_CUDA: &str = "the cuda device: this lucebox was built without the CUDA backend (cargo build --features cuda)";
+
+/// What a build without the HIP backend says when asked for it.
+#[cfg(not(feature = "hip"))]
+pub(crate) const NO_HIP: &str = "the hip device: this lucebox was built without the HIP backend (cargo build --features hip, with the HIP headers and libamdhip64)";
 
 /// The CPU backend with `threads` threads (all cores when `None`), shared by every model of a
 /// command so that target and drafter do not compete with two thread pools.

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::generate::{draft_policy, load_drafter};
-use crate::load::{Device, cpu_backend, load_model};
+use crate::load::{Device, load_model};
 
 /// Flags of `lucebox serve`; each overrides the same key of the --config file.
 #[derive(Debug, Args)]
@@ -236,12 +236,9 @@ impl Settings {
         }
         let device = match args.device.or(file.device) {
             Some(device) => device,
-            None => Device::of_profile(&profile)?,
+            None => Device::of_profile(&profile),
         };
-        #[cfg(not(feature = "cuda"))]
-        if device == Device::Cuda {
-            bail!(crate::load::NO_CUDA);
-        }
+        device.ensure_built()?;
         let api_key = match (args.api_key, args.api_key_file) {
             (None, None) => (file.api_key, file.api_key_file),
             flags => flags,
@@ -386,13 +383,9 @@ where
 
 /// Loads the model (and drafter) on the chosen device.
 fn load(settings: &Settings) -> anyhow::Result<Engine> {
-    match settings.device {
-        Device::Cpu => load_on(&cpu_backend(settings.threads)?, settings),
-        #[cfg(feature = "cuda")]
-        Device::Cuda => load_on(&crate::load::cuda_backend()?, settings),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda => bail!(crate::load::NO_CUDA),
-    }
+    crate::load::on_device!(settings.device, settings.threads, |backend| load_on(
+        backend, settings
+    ))
 }
 
 /// Loads the model (and drafter) on `backend` and builds the batch engine that serves them.

@@ -187,17 +187,29 @@ fn doctor(sysroot: &std::path::Path, chip: &str) -> (i32, String, String) {
 #[test]
 fn doctor_says_plainly_when_there_is_no_gpu_and_names_the_one_there_is() {
     let root = tempfile::tempdir().unwrap();
+    // No GPU here: the r9700 package is for another machine, and its HIP engine cannot start
+    // (a build without HIP says so; a build with it finds no device).
+    let engine = "the profile's HIP engine cannot start: ";
     let (code, stdout, stderr) = doctor(root.path(), "r9700");
-    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(code, 1, "{stdout}{stderr}");
     for line in [
+        "engine backend: hip\n",
         "amd gpu: none (no GPU node under /sys/class/kfd)",
         "nvidia gpu: none (no /proc/driver/nvidia/gpus)",
-        "note: the HIP backend is not built yet; this package runs the CPU engine",
         "pair qwen2.5-coder-32b+0.5b (default): qwen2.5-coder-32b-instruct-q4_k_m absent",
     ] {
         assert!(stdout.contains(line), "{line:?} not in {stdout}");
     }
+    assert!(!stdout.contains("CPU engine"), "{stdout}");
+    assert!(
+        stderr.starts_with(
+            "lucebox: the package is built for r9700, which this machine is not; \
+             the profile's HIP engine cannot start: "
+        ) && stderr.lines().count() == 1,
+        "{stderr}"
+    );
 
+    // A fake gfx1201 under the sysroot: the chip is recognised and ROCm's version checked.
     let node = root.path().join("sys/class/kfd/kfd/topology/nodes/1");
     std::fs::create_dir_all(&node).unwrap();
     std::fs::write(node.join("properties"), "gfx_target_version 120001\n").unwrap();
@@ -210,16 +222,22 @@ fn doctor_says_plainly_when_there_is_no_gpu_and_names_the_one_there_is() {
         "{stdout}"
     );
     assert_eq!(code, 1, "{stdout}{stderr}");
-    assert_eq!(
-        stderr,
-        "lucebox: ROCm 6.4.1-120 is installed, the profile was built for ROCm 7.2\n"
+    assert!(
+        stderr.starts_with(&format!("lucebox: {engine}"))
+            && stderr
+                .ends_with("; ROCm 6.4.1-120 is installed, the profile was built for ROCm 7.2\n"),
+        "{stderr}"
     );
     std::fs::write(info.join("version"), "7.2.0\n").unwrap();
-    let (code, stdout, _) = doctor(root.path(), "r9700");
-    assert_eq!(code, 0, "{stdout}");
+    let (code, stdout, stderr) = doctor(root.path(), "r9700");
+    assert_eq!(code, 1, "{stdout}");
     assert!(
-        stdout.ends_with("ok: this machine can serve the r9700 profile\n"),
+        stdout.contains("package: built for r9700, which this machine is\n"),
         "{stdout}"
+    );
+    assert!(
+        stderr.starts_with(&format!("lucebox: {engine}")) && !stderr.contains("ROCm"),
+        "{stderr}"
     );
 
     // A drafter file of the right size but the wrong bytes fails verification.
@@ -250,20 +268,41 @@ fn doctor_says_plainly_when_there_is_no_gpu_and_names_the_one_there_is() {
 }
 
 #[test]
-#[cfg(not(feature = "cuda"))]
-fn a_build_without_cuda_says_so_when_asked_for_it() {
-    for command in ["bench", "serve"] {
-        let mut args = vec![
-            command,
-            "--device",
-            "cuda",
-            "--model",
-            "smollm2-135m-instruct-q4_1",
-        ];
-        if command == "serve" {
-            args.extend(["--port", "0"]);
+fn a_gpu_device_this_machine_or_build_lacks_is_one_line() {
+    // Each GPU device, with what a build without its backend says, and, for HIP, what a
+    // build with it says on a machine without an AMD GPU (this one and CI). A build without
+    // the backend refuses before `serve` listens; one with it fails while loading, after.
+    let no_amd_gpu = !std::path::Path::new("/dev/kfd").exists();
+    for (device, built) in [
+        ("cuda", cfg!(feature = "cuda")),
+        ("hip", cfg!(feature = "hip")),
+    ] {
+        let expected = match (device, built) {
+            ("cuda", false) => "this lucebox was built without the CUDA backend",
+            ("hip", false) => "this lucebox was built without the HIP backend",
+            ("hip", true) if no_amd_gpu => {
+                "hip backend unavailable: no AMD GPU that HIP can use on this machine"
+            }
+            _ => continue,
+        };
+        let commands: &[&str] = if built {
+            &["bench"]
+        } else {
+            &["bench", "serve"]
+        };
+        for &command in commands {
+            let mut args = vec![
+                command,
+                "--device",
+                device,
+                "--model",
+                "smollm2-135m-instruct-q4_1",
+            ];
+            if command == "serve" {
+                args.extend(["--port", "0"]);
+            }
+            assert_one_line_error(&args, expected);
         }
-        assert_one_line_error(&args, "this lucebox was built without the CUDA backend");
     }
 }
 

@@ -509,6 +509,11 @@ fn a_chip_profile_sets_the_defaults_and_bad_names_are_one_line() {
             &["--chip", "rtx3090"][..],
             "this lucebox was built without the CUDA backend",
         ),
+        #[cfg(not(feature = "hip"))]
+        (
+            &["--chip", "r9700"][..],
+            "this lucebox was built without the HIP backend",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lucebox"))
             .arg("serve")
