@@ -141,13 +141,44 @@
               }
             );
 
-          # One chip's package: the binary of its profile's [engine] backend, wrapped to name the
-          # chip, with the profile. The CUDA chips' binary finds the NVIDIA driver's libcuda
-          # where NixOS puts it (cudarc opens it at run time). The AMD chips still run the CPU
-          # engine (hosts/<chip>.toml [engine] backend = "cpu"), which their meta.description
-          # says; the HIP backend's build goes here, per chip, for kernel_target with the
-          # chip's gpuToolchain (rocm 7.2: rocmPackages for gfx1201 and gfx1151, rocm 6: the
-          # same from nixpkgs-rocm6 for gfx1100), as luceboxCuda does for CUDA.
+          # The AMD chips' binary: --features hip, whose crates/backend/build.rs compiles
+          # kernels/cuda/ with the toolchain's hipcc for exactly the chip's architecture
+          # (LUCEBOX_HIP_ARCHS). hip-sys finds the HIP runtime's headers and libamdhip64 under
+          # HIP_PATH and links that library, so the dependencies are built once per ROCm release
+          # of gpuToolchains, for every chip on that release whatever its architecture.
+          hipCargoArgs = "--locked --package lucebox --features hip";
+          hipArgs =
+            toolchain:
+            commonArgs
+            // {
+              cargoExtraArgs = hipCargoArgs;
+              # clr is the HIP runtime: headers, libamdhip64, and the wrapped hipcc and hipconfig
+              # (with the toolchain's clang and device libraries) that the build runs.
+              nativeBuildInputs = [ toolchain.clr ];
+              buildInputs = [ toolchain.clr ];
+              HIP_PATH = "${toolchain.clr}";
+              HIPCC = "${toolchain.clr}/bin/hipcc";
+            };
+          hipArtifacts = toolchain: craneLib.buildDepsOnly (hipArgs toolchain);
+          luceboxHip =
+            chip: toolchain:
+            craneLib.buildPackage (
+              hipArgs toolchain
+              // {
+                cargoArtifacts = hipArtifacts toolchain;
+                LUCEBOX_HIP_ARCHS = chip.profile.chip.kernel_target;
+                meta = lucebox.meta // {
+                  description = "Lucebox speculative-decoding LLM server with the HIP backend for ${chip.profile.chip.kernel_target}";
+                };
+              }
+            );
+
+          # One chip's package: the binary of its profile's [engine] backend, built with the
+          # chip's gpuToolchain, wrapped to name the chip, with the profile. The CUDA chips'
+          # binary finds the NVIDIA driver's libcuda where NixOS puts it (cudarc opens it at run
+          # time). The HIP chips' binary needs no such path: it links the toolchain's HIP runtime
+          # by rpath, and that runtime reaches the GPU through the amdgpu kernel driver's
+          # /dev/kfd and /dev/dri (modules/lucebox.nix grants the service those).
           chipPackage =
             name: chip:
             let
@@ -156,9 +187,10 @@
                 {
                   cpu = lucebox;
                   cuda = luceboxCuda chip (toolchainOf chip);
+                  hip = luceboxHip chip (toolchainOf chip);
                 }
                 .${backend}
-                  or (throw "hosts/${name}.toml: [engine] backend = \"${backend}\", which flake.nix cannot build yet: add its build beside luceboxCuda");
+                  or (throw "hosts/${name}.toml: [engine] backend = \"${backend}\", which flake.nix cannot build yet: add its build beside luceboxCuda and luceboxHip");
               driverPath = lib.optionalString (
                 backend == "cuda"
               ) " --prefix LD_LIBRARY_PATH : ${pkgs.addDriverRunpath.driverLink}/lib";

@@ -1,7 +1,8 @@
 # Evaluates flake.nix's outputs with stand-in inputs and checks how they are wired: a package, an
-# app and checks per chip, the wrapper's LUCEBOX_CHIP, the model directories, one dependency build
-# shared by the package and clippy, the source filter, the runtime checks, the overlay, and the
-# nixosConfigurations (hosts/<chip>.nix with nix/appliance.nix). Run by tests/nix/check:
+# app and checks per chip, the wrapper's LUCEBOX_CHIP, the CUDA and HIP builds (features,
+# architecture, toolchain), the model directories, one dependency build shared by the package and
+# clippy, the source filter, the runtime checks, the overlay, and the nixosConfigurations
+# (hosts/<chip>.nix with nix/appliance.nix). Run by tests/nix/check:
 #
 #   nix-instantiate --readonly-mode --eval --strict tests/nix/eval-flake.nix --arg lib 'import <nixpkgs.lib>/lib'
 #
@@ -41,7 +42,7 @@ let
         pkgs
         // {
           stdenv.hostPlatform.system = system;
-          rocmPackages.rocm-core.version = rocm;
+          rocmPackages = standIn.rocmPackages rocm;
         };
       inputs = {
         self = flake;
@@ -60,7 +61,7 @@ let
           };
           legacyPackages = lib.genAttrs [ "x86_64-linux" "aarch64-linux" ] pkgsFor;
         };
-        nixpkgs-rocm6.legacyPackages.x86_64-linux.rocmPackages.rocm-core.version = rocm6;
+        nixpkgs-rocm6.legacyPackages.x86_64-linux.rocmPackages = standIn.rocmPackages rocm6;
         crane.mkLib = _: {
           inherit filterCargoSources;
           buildDepsOnly = args: standIn.fakeDrv "lucebox-deps-${args.version}" { inherit args; };
@@ -108,10 +109,10 @@ in
   (expect "descriptions come from nix/hosts.nix" (map (name: packages.${name}.meta.description) chipNames) (
     map (name: hosts.chips.${name}.description) chipNames
   ))
-  (expect "only the AMD chips' descriptions say the CPU engine is a stand-in" (map (
-    name: lib.hasInfix "Runs the CPU engine as a stand-in" packages.${name}.meta.description
-  ) gpuChipNames) (map (name: hosts.chips.${name}.vendor == "amd") gpuChipNames))
-  (expect "the wrapper sets LUCEBOX_CHIP" (lib.all (
+  (expect "no GPU chip's package says it runs the CPU engine" (map (
+    name: lib.hasInfix "CPU engine" packages.${name}.meta.description
+  ) gpuChipNames) (map (_: false) gpuChipNames))
+  (expect "the wrapper sets LUCEBOX_CHIP, and no driver path for the cpu and HIP binaries" (lib.all (
     name:
     lib.hasInfix "makeWrapper ${binary} $out/bin/lucebox --set LUCEBOX_CHIP ${name}\n" packages.${name}.script
   ) ([ "cpu" ] ++ amdChipNames)) true)
@@ -129,9 +130,57 @@ in
     NVCC_CCBIN = "${store}-gcc-wrapper-14/bin/c++";
     deps = "--locked --package lucebox --features cuda";
   }) [ "86" "120" ]))
-  (expect "the AMD chips: the CPU binary" (map (name: packages.${name}.unwrapped.args.cargoExtraArgs) amdChipNames) (
-    map (_: "--locked --package lucebox") amdChipNames
-  ))
+  (expect "the AMD chips: the HIP backend, kernels for exactly their architecture, their ROCm's runtime"
+    (map (
+      name:
+      let
+        inherit (packages.${name}.unwrapped) args meta;
+        deps = args.cargoArtifacts.args;
+      in
+      {
+        inherit (args)
+          cargoExtraArgs
+          LUCEBOX_HIP_ARCHS
+          HIP_PATH
+          HIPCC
+          ;
+        inherit (meta) description;
+        nativeBuildInputs = map (drv: drv.name) args.nativeBuildInputs;
+        buildInputs = map (drv: drv.name) args.buildInputs;
+        deps = {
+          inherit (deps) cargoExtraArgs HIP_PATH HIPCC;
+          buildInputs = map (drv: drv.name) deps.buildInputs;
+          # One dependency build per toolchain, whatever the chip's architecture.
+          archs = deps ? LUCEBOX_HIP_ARCHS;
+        };
+      }
+    ) [ "r9700" "strix-halo" "rx7900" ])
+    (lib.zipListsWith (
+      arch: rocm:
+      let
+        clr = "${store}-clr-${rocm}";
+      in
+      {
+        cargoExtraArgs = "--locked --package lucebox --features hip";
+        LUCEBOX_HIP_ARCHS = arch;
+        HIP_PATH = clr;
+        HIPCC = "${clr}/bin/hipcc";
+        description = "Lucebox speculative-decoding LLM server with the HIP backend for ${arch}";
+        nativeBuildInputs = [ "clr-${rocm}" ];
+        buildInputs = [ "clr-${rocm}" ];
+        deps = {
+          cargoExtraArgs = "--locked --package lucebox --features hip";
+          HIP_PATH = clr;
+          HIPCC = "${clr}/bin/hipcc";
+          buildInputs = [ "clr-${rocm}" ];
+          archs = false;
+        };
+      }
+    ) [ "gfx1201" "gfx1151" "gfx1100" ] [ "7.2.2" "7.2.2" "6.4.3" ])
+  )
+  (expect "each AMD chip's toolchain is its profile's ROCm" (map (
+    name: packages.${name}.gpuToolchain.rocm-core.version
+  ) amdChipNames) (map (name: { "7.2" = "7.2.2"; "6" = "6.4.3"; }.${hosts.chips.${name}.profile.chip.runtime_version}) amdChipNames))
   (expect "the CUDA toolchain's import allows exactly CUDA's licence unfree" (
     let
       allowed = packages.rtx3090.gpuToolchain.importedWith.config.allowUnfreePredicate;

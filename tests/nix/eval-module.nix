@@ -189,8 +189,9 @@ in
   (expect "r9700: render group" (unit r9700).SupplementaryGroups [ "render" ])
   (expect "r9700: devices visible" (unit r9700).PrivateDevices false)
   (expect "r9700: default pair" r9700.services.lucebox.settings.pair hosts.chips.r9700.defaultPair.name)
-  (expect "r9700: stand-in warning" (lib.any (lib.hasInfix "runs the CPU engine as a stand-in") r9700.warnings) true)
-  (expect "rtx3090: its own engine, no stand-in warning" (lib.any (lib.hasInfix "stand-in") rtx3090.warnings) false)
+  (expect "r9700 and rtx3090: their own engines, no stand-in warning" (map (
+    config: lib.any (lib.hasInfix "stand-in") config.warnings
+  ) [ r9700 rtx3090 ]) [ false false ])
 
   # An NVIDIA chip.
   (expect "rtx3090: NVIDIA device nodes" (unit rtx3090).DeviceAllow [

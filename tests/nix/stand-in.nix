@@ -2,7 +2,8 @@
 # be fetched there; nixpkgs.lib can), and their check helpers:
 #   pkgs     a small stand-in: derivations are attribute sets with fake store paths that keep
 #            their arguments, so a test can look at what would be built (tests/nix/fake-drv.nix;
-#            the CUDA packages flake.nix imports nixpkgs for are in stand-in-nixpkgs.nix)
+#            the CUDA packages flake.nix imports nixpkgs for are in stand-in-nixpkgs.nix; a
+#            ROCm release's packages come from `rocmPackages <version>`)
 #   nixos    a module declaring, with their types, the NixOS options our modules set; a misspelt
 #            option or a value of the wrong type fails as it would in NixOS
 #   expect   a check: its name when the value is the expected one, else an error showing both
@@ -19,9 +20,16 @@ let
   scriptBin = name: text: "/nix/store/${builtins.hashString "sha256" text}-${name}";
 
   hosts = import ../../nix/hosts.nix { };
+
+  # A ROCm release's package set: its version (rocm-core) and the HIP runtime, clr, whose
+  # store path names the release so that a test can tell which toolchain a build uses.
+  rocmPackages = version: {
+    rocm-core.version = version;
+    clr = fakeDrv "clr-${version}" { };
+  };
 in
 {
-  inherit store fakeDrv scriptBin;
+  inherit store fakeDrv scriptBin rocmPackages;
 
   expect =
     name: actual: expected:
@@ -62,7 +70,7 @@ in
     util-linux = fakeDrv "util-linux" { };
     testers.runNixOSTest = test: fakeDrv "vm-test-${test.name}" { inherit test; };
     addDriverRunpath.driverLink = "/run/opengl-driver";
-    rocmPackages.rocm-core.version = "7.2.2";
+    rocmPackages = rocmPackages "7.2.2";
     formats.toml =
       { }:
       {
