@@ -1,30 +1,16 @@
 // The paged f16 KV cache: storing a batch's K and V rows in their slots, and causal
 // grouped-query attention of each batch token over its own sequence.
 
-#include "common.cuh"
-
-// The cache slot of batch token t: its position's place in its sequence's block table, which
-// starts at block_ids[table_offsets[t]].
-static __device__ __forceinline__ size_t slot_of(const unsigned *positions,
-                                                 const unsigned *table_offsets,
-                                                 const unsigned *block_ids, int block_tokens,
-                                                 int t, unsigned position) {
-    const unsigned block = block_ids[table_offsets[t] + position / block_tokens];
-    return (size_t)block * block_tokens + position % block_tokens;
-}
+#include "kv.cuh"
+#include "q8.cuh"
 
 // One block per token: its K and V rows, rounded to f16, into its slot.
 extern "C" __global__ void store_kv(const float *k, const float *v, const unsigned *positions,
                                     const unsigned *table_offsets, const unsigned *block_ids,
                                     int block_tokens, int width, __half *k_cache,
                                     __half *v_cache) {
-    const int t = blockIdx.x;
-    const size_t slot = slot_of(positions, table_offsets, block_ids, block_tokens, t, positions[t]);
-    const size_t dst = slot * width, src = (size_t)t * width;
-    for (int j = threadIdx.x; j < width; j += blockDim.x) {
-        k_cache[dst + j] = __float2half_rn(k[src + j]);
-        v_cache[dst + j] = __float2half_rn(v[src + j]);
-    }
+    store_row(k, v, positions, table_offsets, block_ids, block_tokens, width, k_cache, v_cache,
+              blockIdx.x);
 }
 
 #define ATTENTION_WARPS 4
@@ -38,11 +24,12 @@ extern "C" __global__ void store_kv(const float *k, const float *v, const unsign
 // online softmax once per tile, and each lane accumulates V over the tile for its own
 // head_dim / 32 dimensions. The warps' partial results are merged in a fixed order, so a token's
 // output depends only on its own sequence. head_dim must be a multiple of 32 (the caller checks).
+// With `quantized.hi` set, the output is also quantized for the output projection.
 extern "C" __global__ void attention(const float *q, const __half *k_cache, const __half *v_cache,
                                      const unsigned *positions, const unsigned *table_offsets,
                                      const unsigned *block_ids, int block_tokens, int tokens,
                                      int heads, int kv_heads, int head_dim, float scale,
-                                     float *out) {
+                                     float *out, QuantizedOut quantized) {
     __shared__ float q_shared[ATTENTION_MAX_HEAD_DIM];
     __shared__ float acc_shared[ATTENTION_WARPS][ATTENTION_MAX_HEAD_DIM];
     __shared__ float max_shared[ATTENTION_WARPS], sum_shared[ATTENTION_WARPS];
@@ -68,6 +55,8 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
             slot = table[p / block_tokens] * block_tokens + p % block_tokens;
             const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * head_dim;
             score = 0.0f;
+            // Unrolled so that a lane's K loads are in flight together.
+#pragma unroll 8
             for (int d = 0; d < head_dim; d += 8) {
                 const uint4 packed = *(const uint4 *)(k + d);
                 const __half2 *h = (const __half2 *)&packed;
@@ -87,15 +76,21 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
             acc[i] *= correction;
         }
         const int count = min(32, (int)(last - tile) + 1);
-        for (int j = 0; j < count; j++) {
+        // A fixed trip count, unrolled, so that the V rows of several positions are loaded
+        // together (one at a time, a tile cost 32 round trips to memory); the shuffles stay
+        // outside the test, which is the same for the whole warp.
+#pragma unroll 8
+        for (int j = 0; j < WARP_SIZE; j++) {
             const float w = SHFL(weight, j);
             const unsigned slot_j = SHFL(slot, j);
-            const __half *v = v_cache + (size_t)slot_j * kv_width + (size_t)kv_head * head_dim +
-                              (size_t)lane * per_lane;
+            if (j < count) {
+                const __half *v = v_cache + (size_t)slot_j * kv_width +
+                                  (size_t)kv_head * head_dim + (size_t)lane * per_lane;
 #pragma unroll
-            for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
-                if (i < per_lane) {
-                    acc[i] += w * __half2float(v[i]);
+                for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
+                    if (i < per_lane) {
+                        acc[i] += w * __half2float(v[i]);
+                    }
                 }
             }
         }
@@ -131,5 +126,10 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
             value += acc_shared[w][d] * factor[w];
         }
         out[q_row + d] = value / total;
+        // Warp w writes 32 consecutive values, one group of the quantized copy the output
+        // projection takes (head_dim is a multiple of 32, so every lane of the warp is here).
+        if (quantized.hi != nullptr) {
+            quantize_group(value / total, (long long)(q_row + d) / WARP_SIZE, quantized);
+        }
     }
 }

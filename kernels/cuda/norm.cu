@@ -1,36 +1,72 @@
-// RMS normalisation: of whole rows (one block per row), and of each head in place (qwen3's
-// q/k norms, one warp per head).
+// RMS normalisation: of whole rows (one block per row, optionally after the residual add), and
+// of each head in place (qwen3's q/k norms, one warp per head).
 
 #include "q8.cuh"
 
-// One warp per 32 columns of a row (blocks of warps, `groups` = ceil(cols / 32) per row): each
-// warp sums the squares of the whole row itself, in the same order as the row's other warps, so
-// no warp waits on another. With `quantized.hi` set (cols a multiple of 32), the output is also
-// quantized for the matvec that takes it.
-extern "C" __global__ void rms_norm(const float *x, const float *weight, float eps, int cols,
-                                    int groups, long long items, float *out,
-                                    QuantizedOut quantized) {
-    const long long item = (long long)blockIdx.x * (blockDim.x / WARP_SIZE) +
-                           threadIdx.x / WARP_SIZE;
-    if (item >= items) {
-        return;
+#define NORM_WARPS 32
+#define NORM_THREADS (NORM_WARPS * WARP_SIZE)
+// The widest row: each thread keeps its columns in registers between the two passes.
+#define NORM_MAX_PER_THREAD 8
+#define NORM_MAX_COLS (NORM_THREADS * NORM_MAX_PER_THREAD)
+
+// One block of NORM_THREADS threads per row of at most NORM_MAX_COLS columns (the caller
+// checks). With `y`, the row first becomes x + y, written back to x: the residual add that ends
+// a sublayer, fused with the norm that starts the next. Thread i takes columns i,
+// i + NORM_THREADS, ... and keeps them in registers; its loads are all issued before the first
+// is used, so a row costs about one memory round trip, a block-wide sum and the writes. The
+// warps' sums of squares are added in a fixed order, so a row's result does not depend on the
+// batch. With `quantized.hi` set (cols a multiple of 32), the output is also quantized for the
+// matvec that takes it: warp w holds groups w, w + NORM_WARPS, ... of 32 columns.
+extern "C" __global__ void rms_norm(float *x, const float *y, const float *weight, float eps,
+                                    int cols, float *out, QuantizedOut quantized) {
+    __shared__ float partial[NORM_WARPS];
+    const long long r = blockIdx.x;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    float *row = x + r * cols;
+    float v[NORM_MAX_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < NORM_MAX_PER_THREAD; i++) {
+        const int j = threadIdx.x + i * NORM_THREADS;
+        v[i] = j < cols ? row[j] : 0.0f;
+        if (y != nullptr && j < cols) {
+            v[i] += y[r * cols + j];
+        }
     }
-    const long long r = item / groups;
-    const int g = (int)(item % groups), lane = threadIdx.x % WARP_SIZE;
-    const float *row = x + r * cols;
     float sum = 0.0f;
-#pragma unroll 8
-    for (int j = lane; j < cols; j += WARP_SIZE) {
-        sum += row[j] * row[j];
+#pragma unroll
+    for (int i = 0; i < NORM_MAX_PER_THREAD; i++) {
+        const int j = threadIdx.x + i * NORM_THREADS;
+        if (y != nullptr && j < cols) {
+            row[j] = v[i];
+        }
+        sum += v[i] * v[i];
     }
-    const float scale = rsqrtf(warp_sum(sum) / cols + eps);
-    const int j = g * WARP_SIZE + lane;
-    const float v = j < cols ? row[j] * scale * weight[j] : 0.0f;
-    if (j < cols) {
-        out[r * cols + j] = v;
+    sum = warp_sum(sum);
+    if (lane == 0) {
+        partial[warp] = sum;
     }
-    if (quantized.hi != nullptr) {
-        quantize_group(v, item, quantized);
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NORM_WARPS; w++) {
+        total += partial[w];
+    }
+    const float scale = rsqrtf(total / cols + eps);
+    const int groups = (cols + WARP_SIZE - 1) / WARP_SIZE;
+#pragma unroll
+    for (int i = 0; i < NORM_MAX_PER_THREAD; i++) {
+        const int g = warp + i * NORM_WARPS;
+        if (g >= groups) {
+            break;
+        }
+        const int j = g * WARP_SIZE + lane;
+        const float normed = j < cols ? v[i] * scale * weight[j] : 0.0f;
+        if (j < cols) {
+            out[r * cols + j] = normed;
+        }
+        if (quantized.hi != nullptr) {
+            quantize_group(normed, r * groups + g, quantized);
+        }
     }
 }
 

@@ -213,6 +213,20 @@ pub trait Backend: Send + Sync + 'static {
         rows: usize,
         out: &mut Self::Activations,
     ) -> Result<(), Error>;
+    /// `x += y`, then `out = x / rms(x) * weight`, for `rows` rows: the residual add that ends
+    /// a sublayer and the norm that starts the next, which a device backend runs as one kernel.
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Activations,
+        y: &Self::Activations,
+        weight: &Self::Vector,
+        eps: f32,
+        rows: usize,
+        out: &mut Self::Activations,
+    ) -> Result<(), Error> {
+        self.add(x, y, rows)?;
+        self.rms_norm(x, weight, eps, rows, out)
+    }
     /// RMS normalisation in place of each head of `rows` rows, each row holding
     /// `cols / weight.len()` heads (the q/k norms of `qwen3`).
     fn rms_norm_heads(
@@ -247,6 +261,24 @@ pub trait Backend: Send + Sync + 'static {
         v: &Self::Activations,
         batch: &Self::Batch,
     ) -> Result<(), Error>;
+    /// [`rope`](Backend::rope) on `q` and on `k`, then [`store_kv`](Backend::store_kv) of `k`
+    /// and `v`: what each layer does between its projections and attention, which a device
+    /// backend runs as one kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_store_kv(
+        &self,
+        q: &mut Self::Activations,
+        k: &mut Self::Activations,
+        v: &Self::Activations,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+        head_dim: usize,
+    ) -> Result<(), Error> {
+        self.rope(q, batch, head_dim)?;
+        self.rope(k, batch, head_dim)?;
+        self.store_kv(cache, layer, k, v, batch)
+    }
     /// Causal attention of each batch row's queries over its sequence's KV at positions
     /// `0..=position`.
     fn attention(

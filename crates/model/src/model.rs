@@ -202,6 +202,7 @@ impl<B: Backend> Model<B> {
                 batch: b.batch(capacity, c.rope)?,
                 x: b.activations(t, c.embedding)?,
                 normed: b.activations(t, c.embedding)?,
+                sublayer: b.activations(t, c.embedding)?,
                 q: b.activations(t, c.heads * c.head_dim)?,
                 k: b.activations(t, c.kv_heads * c.head_dim)?,
                 v: b.activations(t, c.kv_heads * c.head_dim)?,
@@ -262,8 +263,10 @@ impl<B: Backend> Model<B> {
         let eps = c.rms_eps;
         let attention = c.attention_shape();
         b.embed(&self.token_embd, &ws.batch, &mut ws.x)?;
+        if let Some(first) = self.layers.first() {
+            b.rms_norm(&ws.x, &first.attn_norm, eps, n, &mut ws.normed)?;
+        }
         for (i, layer) in self.layers.iter().enumerate() {
-            b.rms_norm(&ws.x, &layer.attn_norm, eps, n, &mut ws.normed)?;
             b.matmul(&layer.q, layer.q_bias.as_ref(), &ws.normed, n, &mut ws.q)?;
             b.matmul(&layer.k, layer.k_bias.as_ref(), &ws.normed, n, &mut ws.k)?;
             b.matmul(&layer.v, layer.v_bias.as_ref(), &ws.normed, n, &mut ws.v)?;
@@ -271,18 +274,33 @@ impl<B: Backend> Model<B> {
                 b.rms_norm_heads(&mut ws.q, qn, eps, n)?;
                 b.rms_norm_heads(&mut ws.k, kn, eps, n)?;
             }
-            b.rope(&mut ws.q, &ws.batch, c.head_dim)?;
-            b.rope(&mut ws.k, &ws.batch, c.head_dim)?;
-            b.store_kv(kv, i, &ws.k, &ws.v, &ws.batch)?;
+            b.rope_store_kv(&mut ws.q, &mut ws.k, &ws.v, kv, i, &ws.batch, c.head_dim)?;
             b.attention(&ws.q, kv, i, &ws.batch, attention, &mut ws.attn)?;
-            b.matmul(&layer.attn_output, None, &ws.attn, n, &mut ws.normed)?;
-            b.add(&mut ws.x, &ws.normed, n)?;
-            b.rms_norm(&ws.x, &layer.ffn_norm, eps, n, &mut ws.normed)?;
+            b.matmul(&layer.attn_output, None, &ws.attn, n, &mut ws.sublayer)?;
+            b.add_rms_norm(
+                &mut ws.x,
+                &ws.sublayer,
+                &layer.ffn_norm,
+                eps,
+                n,
+                &mut ws.normed,
+            )?;
             b.matmul(&layer.ffn_gate, None, &ws.normed, n, &mut ws.gate)?;
             b.matmul(&layer.ffn_up, None, &ws.normed, n, &mut ws.up)?;
             b.silu_mul(&mut ws.gate, &ws.up, n)?;
-            b.matmul(&layer.ffn_down, None, &ws.gate, n, &mut ws.normed)?;
-            b.add(&mut ws.x, &ws.normed, n)?;
+            b.matmul(&layer.ffn_down, None, &ws.gate, n, &mut ws.sublayer)?;
+            // The residual add ends the layer; the next layer's norm goes with it.
+            match self.layers.get(i + 1) {
+                Some(next) => b.add_rms_norm(
+                    &mut ws.x,
+                    &ws.sublayer,
+                    &next.attn_norm,
+                    eps,
+                    n,
+                    &mut ws.normed,
+                )?,
+                None => b.add(&mut ws.x, &ws.sublayer, n)?,
+            }
         }
         let rows = shape.logits;
         b.gather_logits_rows(&ws.x, &ws.batch, &mut ws.normed)?;
@@ -313,6 +331,8 @@ struct Buffers<B: Backend> {
     batch: B::Batch,
     x: B::Activations,
     normed: B::Activations,
+    /// A sublayer's output (attention's or the feed-forward's), before the residual add.
+    sublayer: B::Activations,
     q: B::Activations,
     k: B::Activations,
     v: B::Activations,

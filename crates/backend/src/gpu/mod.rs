@@ -44,6 +44,11 @@ const HEAD_DIMS: HeadDims = HeadDims {
 };
 /// Warps per block of the attention kernel (`ATTENTION_WARPS`).
 const ATTENTION_WARPS: u32 = 4;
+/// Warps per block of the row norm (`NORM_WARPS`), one block per row.
+const NORM_WARPS: u32 = 32;
+/// The widest row the norm takes (`NORM_MAX_COLS`): each thread keeps eight of its values in
+/// registers.
+const NORM_MAX_COLS: usize = 8 * (NORM_WARPS * LANES) as usize;
 /// The largest forward pass recorded as a graph: decode and verify steps, whose hundreds of
 /// short kernels cost more to launch one by one than to run. Longer prefill passes are
 /// dominated by their matrix products.
@@ -264,6 +269,45 @@ impl<R: Runtime> GpuBackend<R> {
             x.quantized_rows.set(rows);
         }
         Ok(quantized)
+    }
+
+    /// The row norm kernel over `rows` rows at `x`, shaped as `out`, after adding `y` to them
+    /// unless it is null; the caller checked the shapes.
+    fn norm_rows(
+        &self,
+        x: KernelArg,
+        y: KernelArg,
+        weight: &GpuVector<R>,
+        eps: f32,
+        rows: usize,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        let cols = out.cols;
+        if cols > NORM_MAX_COLS {
+            return Err(Error::Shape {
+                op: "rms_norm",
+                detail: format!(
+                    "rows of {cols} values; the {} backend's norm takes at most {NORM_MAX_COLS}",
+                    R::NAME
+                ),
+            });
+        }
+        let (out, quantized) = out.written_quantized(rows);
+        self.launch(
+            "rms_norm",
+            &self.kernels.rms_norm,
+            rows as u32,
+            NORM_WARPS * LANES,
+            &[
+                x,
+                y,
+                weight.data.arg(),
+                eps.into(),
+                int(cols),
+                out,
+                quantized,
+            ],
+        )
     }
 
     /// Records what `enqueue` issues as a graph, without running it.
@@ -658,27 +702,21 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         out: &mut GpuActivations<R>,
     ) -> Result<(), Error> {
         checks::rms_norm(rows, x.dims(), weight.len, out.dims())?;
-        // One warp per 32 columns of each row.
-        let groups = x.cols.div_ceil(QUANT_GROUP);
-        let items = (rows * groups) as i64;
-        let grid = (items as u64).div_ceil(u64::from(WARPS_PER_BLOCK)) as u32;
-        let (out, quantized) = out.written_quantized(rows);
-        self.launch(
-            "rms_norm",
-            &self.kernels.rms_norm,
-            grid,
-            WARPS_PER_BLOCK * LANES,
-            &[
-                x.data.arg(),
-                weight.data.arg(),
-                eps.into(),
-                int(x.cols),
-                int(groups),
-                items.into(),
-                out,
-                quantized,
-            ],
-        )
+        self.norm_rows(x.data.arg(), NULL, weight, eps, rows, out)
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut GpuActivations<R>,
+        y: &GpuActivations<R>,
+        weight: &GpuVector<R>,
+        eps: f32,
+        rows: usize,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        checks::elementwise("add", rows, x.dims(), y.dims())?;
+        checks::rms_norm(rows, x.dims(), weight.len, out.dims())?;
+        self.norm_rows(x.written(), y.data.arg(), weight, eps, rows, out)
     }
 
     fn rms_norm_heads(
@@ -810,6 +848,51 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         )
     }
 
+    fn rope_store_kv(
+        &self,
+        q: &mut GpuActivations<R>,
+        k: &mut GpuActivations<R>,
+        v: &GpuActivations<R>,
+        cache: &mut GpuKvCache<R>,
+        layer: usize,
+        batch: &GpuBatch<R>,
+        head_dim: usize,
+    ) -> Result<(), Error> {
+        let rotary_dims = batch.rope.rotary_dims;
+        checks::rope(&batch.host, q.dims(), head_dim, rotary_dims)?;
+        checks::rope(&batch.host, k.dims(), head_dim, rotary_dims)?;
+        let l = cache.layout;
+        checks::store_kv(&l, layer, &batch.host, k.dims(), v.dims())?;
+        let rows = batch.host.len();
+        let neox = i32::from(batch.rope.style == RopeStyle::Neox);
+        let (q_cols, kv_cols) = (q.cols, k.cols);
+        let d = &batch.device;
+        self.launch(
+            "rope_store_kv",
+            &self.kernels.rope_store_kv,
+            rows as u32,
+            ROW_THREADS,
+            &[
+                q.written(),
+                k.written(),
+                v.data.arg(),
+                d.cos.arg(),
+                d.sin.arg(),
+                int(q_cols),
+                int(kv_cols),
+                int(head_dim),
+                int(rotary_dims),
+                neox.into(),
+                d.positions.arg(),
+                d.table_offsets.arg(),
+                d.block_ids.arg(),
+                int(l.block_tokens),
+                cache.k[layer].arg(),
+                cache.v[layer].arg(),
+            ],
+        )
+    }
+
     fn attention(
         &self,
         q: &GpuActivations<R>,
@@ -831,6 +914,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         )?;
         let rows = batch.host.len();
         let d = &batch.device;
+        let (out, quantized) = out.written_quantized(rows);
         self.launch(
             "attention",
             &self.kernels.attention,
@@ -849,7 +933,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 int(shape.kv_heads),
                 int(shape.head_dim),
                 shape.scale.into(),
-                out.written(),
+                out,
+                quantized,
             ],
         )
     }
