@@ -37,12 +37,21 @@ static __device__ __forceinline__ void load16(const uint8_t *p, int w[4]) {
     w[3] = v.w;
 }
 
-// 16 bytes from a 2-byte aligned address, as four little-endian ints.
+// 16 bytes from a 2-byte aligned address, as four little-endian ints: five aligned 32-bit loads
+// (the fifth holds the last two bytes when the address is not 4-byte aligned, so it lies in the
+// same buffer), shifted together.
 static __device__ __forceinline__ void load16_unaligned(const uint8_t *p, int w[4]) {
-    const unsigned short *h = (const unsigned short *)p;
+    const unsigned *base = (const unsigned *)((size_t)p & ~(size_t)3);
+    const bool odd = ((size_t)p & 2) != 0;
+    unsigned u[5];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        w[i] = (int)(h[2 * i] | ((unsigned)h[2 * i + 1] << 16));
+        u[i] = base[i];
+    }
+    u[4] = odd ? base[4] : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        w[i] = (int)(odd ? (u[i] >> 16) | (u[i + 1] << 16) : u[i]);
     }
 }
 

@@ -81,11 +81,33 @@ struct ChunkScales {
     float d_lo, min_lo, d_hi, min_hi;
 };
 
+// Byte i (0..3) of w.
+static __device__ __forceinline__ int byte_of(unsigned w, int i) { return (w >> (8 * i)) & 0xFF; }
+
+// The 6-bit scale and minimum of sub-block j (0..8), from the block's 12 scale bytes held in
+// three words (scale_min_k4 on registers).
+static __device__ __forceinline__ void scale_min_k4_words(const unsigned q[3], int j, int *sc,
+                                                          int *m) {
+    const int i = j % 4;
+    if (j < 4) {
+        *sc = byte_of(q[0], i) & 63;
+        *m = byte_of(q[1], i) & 63;
+    } else {
+        *sc = (byte_of(q[2], i) & 0xF) | ((byte_of(q[0], i) >> 6) << 4);
+        *m = (byte_of(q[2], i) >> 4) | ((byte_of(q[1], i) >> 6) << 4);
+    }
+}
+
+// The block's first 16 bytes (d, dmin and the scales) in one aligned load, not byte by byte:
+// Q4_K and Q5_K blocks are 144 and 176 bytes, so every block of a row is 16-byte aligned.
 static __device__ __forceinline__ ChunkScales chunk_scales_k4(const uint8_t *b, int chunk) {
-    const float d = load_f16(b), dmin = load_f16(b + 2);
+    const uint4 head = *(const uint4 *)b;
+    const float d = __half2float(__ushort_as_half((unsigned short)(head.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(head.x >> 16)));
+    const unsigned q[3] = {head.y, head.z, head.w};
     int sc_lo, m_lo, sc_hi, m_hi;
-    scale_min_k4(b + 4, 2 * chunk, &sc_lo, &m_lo);
-    scale_min_k4(b + 4, 2 * chunk + 1, &sc_hi, &m_hi);
+    scale_min_k4_words(q, 2 * chunk, &sc_lo, &m_lo);
+    scale_min_k4_words(q, 2 * chunk + 1, &sc_hi, &m_hi);
     return {d * sc_lo, dmin * m_lo, d * sc_hi, dmin * m_hi};
 }
 
