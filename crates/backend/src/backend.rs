@@ -79,6 +79,14 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
+    /// Values of K (or of V) per layer, or `None` when that overflows: what a backend allocates
+    /// for each layer, twice.
+    pub(crate) fn layer_len(&self) -> Option<usize> {
+        [self.blocks, self.block_tokens, self.kv_heads]
+            .into_iter()
+            .try_fold(self.head_dim, usize::checked_mul)
+    }
+
     /// Bytes the pool takes (K and V, f16).
     pub fn bytes(&self) -> u64 {
         2 * 2
@@ -320,6 +328,27 @@ pub trait Backend: Send + Sync + 'static {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_kv_pool_too_large_to_count_is_an_error_not_a_panic() {
+        use crate::{Backend, CpuBackend, Error, KvLayout};
+        let layout = KvLayout {
+            layers: 1,
+            blocks: usize::MAX / 2,
+            block_tokens: 16,
+            kv_heads: 2,
+            head_dim: 64,
+        };
+        assert_eq!(layout.layer_len(), None);
+        let cpu = CpuBackend::new(Some(1)).unwrap();
+        assert!(matches!(
+            cpu.kv_cache(layout),
+            Err(Error::OutOfMemory {
+                what: "kv cache",
+                ..
+            })
+        ));
+    }
+
     #[test]
     fn argmax_takes_the_first_maximum_and_never_nan() {
         assert_eq!(super::argmax(&[1.0, f32::NAN, 3.0, 3.0]), 2);

@@ -14,18 +14,10 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::Error;
-use crate::gpu::{GpuBackend, KernelArg, Runtime, Sealed, unavailable};
+use crate::gpu::{GpuBackend, KernelArg, KernelImage, Runtime, Sealed, unavailable};
 
 /// The GPU backend on an NVIDIA GPU.
 pub type CudaBackend = GpuBackend<Cuda>;
-
-/// One kernel family (a `kernels/cuda/*.cu` file) compiled for one architecture (`86`): its
-/// cubin and its PTX in a fatbin.
-struct KernelImage {
-    family: &'static str,
-    arch: &'static str,
-    image: &'static [u8],
-}
 
 include!(concat!(env!("OUT_DIR"), "/cuda_kernels.rs"));
 

@@ -14,18 +14,10 @@ use hip_sys::hiprt::{
 };
 
 use crate::Error;
-use crate::gpu::{GpuBackend, KernelArg, Runtime, Sealed, unavailable};
+use crate::gpu::{GpuBackend, KernelArg, KernelImage, Runtime, Sealed, unavailable};
 
 /// The GPU backend on an AMD GPU.
 pub type HipBackend = GpuBackend<Hip>;
-
-/// One kernel family (a `kernels/cuda/*.cu` file) compiled for one architecture (`gfx1201`):
-/// a code object.
-struct KernelImage {
-    family: &'static str,
-    arch: &'static str,
-    image: &'static [u8],
-}
 
 include!(concat!(env!("OUT_DIR"), "/hip_kernels.rs"));
 

@@ -221,7 +221,10 @@ impl Backend for CpuBackend {
     }
 
     fn kv_cache(&self, layout: KvLayout) -> Result<CpuKvCache, Error> {
-        let per_layer = layout.blocks * layout.block_tokens * layout.kv_heads * layout.head_dim;
+        let per_layer = layout.layer_len().ok_or(Error::OutOfMemory {
+            what: "kv cache",
+            bytes: u64::MAX,
+        })?;
         let layer = || try_filled(per_layer, f16::ZERO, "kv cache");
         let k = (0..layout.layers)
             .map(|_| layer())

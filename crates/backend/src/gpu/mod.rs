@@ -128,6 +128,15 @@ fn bytes_of_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), size_of_val(values)) }
 }
 
+/// One kernel family (a `kernels/cuda/*.cu` file) compiled for one architecture (`86`,
+/// `gfx1201`): a CUDA fatbin (cubin and PTX) or a HIP code object, listed by build.rs in
+/// `$OUT_DIR/<runtime>_kernels.rs`.
+pub(crate) struct KernelImage {
+    pub(crate) family: &'static str,
+    pub(crate) arch: &'static str,
+    pub(crate) image: &'static [u8],
+}
+
 /// `len` values of `T` in device memory.
 pub struct Buffer<R: Runtime, T> {
     raw: R::Buffer,
@@ -563,13 +572,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn kv_cache(&self, layout: KvLayout) -> Result<GpuKvCache<R>, Error> {
-        let per_layer = [layout.blocks, layout.block_tokens, layout.kv_heads]
-            .into_iter()
-            .try_fold(layout.head_dim, usize::checked_mul)
-            .ok_or(Error::OutOfMemory {
-                what: "kv cache",
-                bytes: u64::MAX,
-            })?;
+        let per_layer = layout.layer_len().ok_or(Error::OutOfMemory {
+            what: "kv cache",
+            bytes: u64::MAX,
+        })?;
         let layer = || self.zeros::<u16>(per_layer, "kv cache");
         let k = (0..layout.layers)
             .map(|_| layer())
