@@ -259,7 +259,10 @@ static __device__ __forceinline__ void write_sums(const float acc[TOKENS], int n
 // multiple of 32. A decode step (one row) has its own instance: it needs a quarter of the
 // registers of eight rows' accumulators, and the span loop is not unrolled, so that many warps
 // fit on an SM: more warps, each with one span's loads in flight, beat fewer warps with two (on
-// the H200, 435 tok/s of 1.5B decode against 380 with the loop unrolled twice).
+// the H200, 435 tok/s of 1.5B decode against 380 with the loop unrolled twice). Two to four rows
+// (short verify steps, small batches) have a four-row instance for the same reason. Every
+// instance sums each activation row in the same order, so a row's result does not depend on
+// which one ran it.
 template <typename Block, int TOKENS>
 static __device__ void mmv_q8(const uint8_t *w, unsigned long long row_bytes, int rows, int cols,
                               const signed char *x_hi, const signed char *x_lo,
@@ -346,6 +349,13 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
         const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
         const float *x_sums, int tokens, const float *bias, float *out) {                      \
         mmv_q8<Block, 1>(w, row_bytes, rows, cols, x_hi, x_lo, x_scales, x_sums, tokens, bias, \
+                         out);                                                                 \
+    }                                                                                          \
+    extern "C" __global__ void mmv4_##name(                                                    \
+        const uint8_t *w, unsigned long long row_bytes, int rows, int cols,                    \
+        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
+        const float *x_sums, int tokens, const float *bias, float *out) {                      \
+        mmv_q8<Block, 4>(w, row_bytes, rows, cols, x_hi, x_lo, x_scales, x_sums, tokens, bias, \
                          out);                                                                 \
     }
 #define FLOAT_INSTANCES(name, Block)                                                           \

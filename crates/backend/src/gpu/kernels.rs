@@ -30,6 +30,9 @@ pub(crate) struct FormatKernels<F> {
     /// The matvec of exactly one quantized activation row (a decode step); the float formats
     /// have none.
     pub(crate) mmv1: Option<F>,
+    /// The matvec of up to four quantized activation rows (a short verify step); the float
+    /// formats have none.
+    pub(crate) mmv4: Option<F>,
     pub(crate) get_rows: F,
 }
 
@@ -45,12 +48,14 @@ impl<F> Kernels<F> {
                 let mmv = function("mmv", &format!("mmv_{suffix}")).ok()?;
                 let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
                 let mmv1 = function("mmv", &format!("mmv1_{suffix}")).ok();
+                let mmv4 = function("mmv", &format!("mmv4_{suffix}")).ok();
                 Some((
                     ty,
                     Arc::new(FormatKernels {
                         ty,
                         mmv,
                         mmv1,
+                        mmv4,
                         get_rows,
                     }),
                 ))

@@ -775,14 +775,19 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             int(matrix.rows),
             int(matrix.cols),
         ];
-        // The quantized formats take the activations quantized, and have a one-row instance.
-        let mmv = match &format.mmv1 {
-            Some(mmv1) => {
+        // The quantized formats take the activations quantized, and have one-row and four-row
+        // instances that hold fewer registers than the eight-row one.
+        let mmv = match (&format.mmv1, &format.mmv4) {
+            (Some(mmv1), Some(mmv4)) => {
                 let q = self.quantize(x, rows)?;
                 args.extend([q.hi.arg(), q.lo.arg(), q.scales.arg(), q.sums.arg()]);
-                if rows == 1 { mmv1 } else { &format.mmv }
+                match rows {
+                    1 => mmv1,
+                    2..=4 => mmv4,
+                    _ => &format.mmv,
+                }
             }
-            None => {
+            _ => {
                 args.push(x.data.arg());
                 &format.mmv
             }
