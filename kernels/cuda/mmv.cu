@@ -336,28 +336,19 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
     }
 }
 
-#define QUANT_INSTANCES(name, Block)                                                           \
-    extern "C" __global__ void mmv_##name(                                                     \
+// The quantized matvec of `Block` for up to TOKENS activation rows at a time, as `symbol`.
+#define QUANT_INSTANCE(symbol, Block, TOKENS)                                                  \
+    extern "C" __global__ void symbol(                                                         \
         const uint8_t *w, unsigned long long row_bytes, int rows, int cols,                    \
         const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
         const float *x_sums, int tokens, const float *bias, float *out) {                      \
-        mmv_q8<Block, MMV_TOKENS>(w, row_bytes, rows, cols, x_hi, x_lo, x_scales, x_sums,      \
-                                  tokens, bias, out);                                          \
-    }                                                                                          \
-    extern "C" __global__ void mmv1_##name(                                                    \
-        const uint8_t *w, unsigned long long row_bytes, int rows, int cols,                    \
-        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
-        const float *x_sums, int tokens, const float *bias, float *out) {                      \
-        mmv_q8<Block, 1>(w, row_bytes, rows, cols, x_hi, x_lo, x_scales, x_sums, tokens, bias, \
-                         out);                                                                 \
-    }                                                                                          \
-    extern "C" __global__ void mmv4_##name(                                                    \
-        const uint8_t *w, unsigned long long row_bytes, int rows, int cols,                    \
-        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
-        const float *x_sums, int tokens, const float *bias, float *out) {                      \
-        mmv_q8<Block, 4>(w, row_bytes, rows, cols, x_hi, x_lo, x_scales, x_sums, tokens, bias, \
-                         out);                                                                 \
+        mmv_q8<Block, TOKENS>(w, row_bytes, rows, cols, x_hi, x_lo, x_scales, x_sums, tokens,  \
+                              bias, out);                                                      \
     }
+#define QUANT_INSTANCES(name, Block)                                                           \
+    QUANT_INSTANCE(mmv_##name, Block, MMV_TOKENS)                                              \
+    QUANT_INSTANCE(mmv1_##name, Block, 1)                                                      \
+    QUANT_INSTANCE(mmv4_##name, Block, 4)
 #define FLOAT_INSTANCES(name, Block)                                                           \
     extern "C" __global__ void mmv_##name(const uint8_t *w, unsigned long long row_bytes,      \
                                           int rows, int cols, const float *x, int tokens,     \
