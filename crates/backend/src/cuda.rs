@@ -50,9 +50,7 @@ impl Runtime for Cuda {
     type Graph = CudaGraphExec;
 
     fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>, String> {
-        self.stream
-            .alloc_zeros(bytes.max(1))
-            .map_err(|e| e.to_string())
+        self.stream.alloc_zeros(bytes).map_err(|e| e.to_string())
     }
 
     fn address(&self, buffer: &CudaSlice<u8>) -> u64 {

@@ -216,11 +216,11 @@ impl Runtime for Hip {
         self.bind()?;
         let mut pointer = ptr::null_mut();
         // SAFETY: hipMalloc writes the new address to `pointer`.
-        check(unsafe { hipMalloc(&mut pointer, bytes.max(1)) })?;
+        check(unsafe { hipMalloc(&mut pointer, bytes) })?;
         let buffer = HipBuffer(pointer);
-        // SAFETY: the buffer holds `bytes.max(1)` bytes; queued on the stream, so every later
+        // SAFETY: the buffer holds `bytes` bytes; queued on the stream, so every later
         // use sees the zeros.
-        check(unsafe { hipMemsetAsync(pointer, 0, bytes.max(1), self.stream) })?;
+        check(unsafe { hipMemsetAsync(pointer, 0, bytes, self.stream) })?;
         Ok(buffer)
     }
 

@@ -180,11 +180,12 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     fn zeros<T: Element>(&self, len: usize, what: &'static str) -> Result<Buffer<R, T>, Error> {
-        let bytes = len.max(1).checked_mul(size_of::<T>());
-        let raw = bytes
-            .ok_or(())
-            .and_then(|bytes| self.runtime.alloc_zeroed(bytes).map_err(|_| ()))
-            .map_err(|()| Error::OutOfMemory {
+        // Runtimes take at least one byte: an empty buffer still has an address to pass.
+        let raw = len
+            .max(1)
+            .checked_mul(size_of::<T>())
+            .and_then(|bytes| self.runtime.alloc_zeroed(bytes).ok())
+            .ok_or(Error::OutOfMemory {
                 what,
                 bytes: (len as u64).saturating_mul(size_of::<T>() as u64),
             })?;
