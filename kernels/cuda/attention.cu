@@ -13,13 +13,15 @@ extern "C" __global__ void store_kv(const float *k, const float *v, const unsign
               blockIdx.x);
 }
 
-#define ATTENTION_WARPS 4
+// The most warps per block (GpuTuning::MAX_ATTENTION_WARPS) and the widest head.
+#define ATTENTION_MAX_WARPS 16
 #define ATTENTION_MAX_HEAD_DIM 256
 #define ATTENTION_MAX_PER_LANE (ATTENTION_MAX_HEAD_DIM / WARP_SIZE)
 
-// One block of ATTENTION_WARPS warps per (token, query head), over positions 0..=position of
-// the token's sequence, whose block table starts at block_ids[table_offsets[t]]. The positions
-// go in tiles of 32, warp w taking tiles w, w + ATTENTION_WARPS, ...: each lane scores one
+// One block per (token, query head), of as many warps as the launch has (the host profile's
+// attention_warps), over positions 0..=position of the token's sequence, whose block table
+// starts at block_ids[table_offsets[t]]. The positions go in tiles of 32, warp w of W taking
+// tiles w, w + W, ...: each lane scores one
 // position of the tile (a whole K row against q, held in shared memory), the warp updates its
 // online softmax once per tile, and each lane accumulates V over the tile for its own
 // head_dim / 32 dimensions. The warps' partial results are merged in a fixed order, so a token's
@@ -31,10 +33,12 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
                                      int heads, int kv_heads, int head_dim, float scale,
                                      float *out, QuantizedOut quantized) {
     __shared__ float q_shared[ATTENTION_MAX_HEAD_DIM];
-    __shared__ float acc_shared[ATTENTION_WARPS][ATTENTION_MAX_HEAD_DIM];
-    __shared__ float max_shared[ATTENTION_WARPS], sum_shared[ATTENTION_WARPS];
+    __shared__ float acc_shared[ATTENTION_MAX_WARPS][ATTENTION_MAX_HEAD_DIM];
+    __shared__ float max_shared[ATTENTION_MAX_WARPS], sum_shared[ATTENTION_MAX_WARPS];
+    __shared__ float factor_shared[ATTENTION_MAX_WARPS];
     const int t = blockIdx.x / heads, head = blockIdx.x % heads;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
     const int kv_head = head / (heads / kv_heads);
     const int kv_width = kv_heads * head_dim;
     const int per_lane = head_dim / WARP_SIZE;
@@ -46,7 +50,7 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
     const unsigned last = positions[t];
     const unsigned *table = block_ids + table_offsets[t];
     float max = -INFINITY, sum = 0.0f, acc[ATTENTION_MAX_PER_LANE] = {0};
-    for (unsigned tile = 32u * warp; tile <= last; tile += 32u * ATTENTION_WARPS) {
+    for (unsigned tile = 32u * warp; tile <= last; tile += 32u * warps) {
         const unsigned p = tile + lane;
         const bool valid = p <= last;
         unsigned slot = 0;
@@ -107,23 +111,24 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
         }
     }
     __syncthreads();
-    float total_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATTENTION_WARPS; w++) {
-        total_max = fmaxf(total_max, max_shared[w]);
-    }
-    float factor[ATTENTION_WARPS], total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < ATTENTION_WARPS; w++) {
+    if (threadIdx.x < warps) {
+        float total_max = -INFINITY;
+        for (int w = 0; w < warps; w++) {
+            total_max = fmaxf(total_max, max_shared[w]);
+        }
         // A warp that saw no position has max -inf and contributes nothing.
-        factor[w] = max_shared[w] == -INFINITY ? 0.0f : __expf(max_shared[w] - total_max);
-        total += sum_shared[w] * factor[w];
+        const float m = max_shared[threadIdx.x];
+        factor_shared[threadIdx.x] = m == -INFINITY ? 0.0f : __expf(m - total_max);
+    }
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < warps; w++) {
+        total += sum_shared[w] * factor_shared[w];
     }
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float value = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ATTENTION_WARPS; w++) {
-            value += acc_shared[w][d] * factor[w];
+        for (int w = 0; w < warps; w++) {
+            value += acc_shared[w][d] * factor_shared[w];
         }
         out[q_row + d] = value / total;
         // Warp w writes 32 consecutive values, one group of the quantized copy the output

@@ -1,9 +1,10 @@
 // Quantized matrix times activations, for any number of activation rows (decode, verify and
 // prefill alike), and the row gather that embeds tokens. Weights stay in their GGUF blocks.
 //
-// mmv: one warp per weight row, MMV_WARPS rows per block. A row is cut into spans of 32
-// elements; lane i takes spans i, i + 32, ..., decodes each once into registers and multiplies
-// it with up to MMV_TOKENS activation rows. A warp needs no shared memory and no barrier, so a
+// mmv: one warp per weight row, as many rows per block as the launch has warps (the host
+// profile's matvec_warps). A row is cut into spans of 32 elements; lane i takes spans i,
+// i + 32, ..., decodes each once into registers and multiplies it with up to MMV_TOKENS
+// activation rows. A warp needs no shared memory and no barrier, so a
 // decode step's small matrices run as one wave of independent loads.
 //
 // The quantized formats multiply integers: the activations come quantized in groups of 32, in
@@ -14,7 +15,6 @@
 
 #include "quant.cuh"
 
-#define MMV_WARPS 4
 #define MMV_TOKENS 8
 #define SPAN 32
 
@@ -255,26 +255,55 @@ static __device__ __forceinline__ void write_sums(const float acc[TOKENS], int n
     }
 }
 
+// One of the matrices a quantized matvec launch covers: `rows` rows at w, each with its bias
+// (if any), written to out.
+struct MatvecPart {
+    const uint8_t *w;
+    int rows;
+    const float *bias;
+    float *out;
+};
+
 // Quantized weights times quantized activations, TOKENS activation rows at a time; cols is a
-// multiple of 32. A decode step (one row) has its own instance: it needs a quarter of the
-// registers of eight rows' accumulators, and the span loop is not unrolled, so that many warps
-// fit on an SM: more warps, each with one span's loads in flight, beat fewer warps with two (on
-// the H200, 435 tok/s of 1.5B decode against 380 with the loop unrolled twice). Two to four rows
-// (short verify steps, small batches) have a four-row instance for the same reason. Every
-// instance sums each activation row in the same order, so a row's result does not depend on
-// which one ran it.
-template <typename Block, int TOKENS>
-static __device__ void mmv_q8(const uint8_t *w, unsigned long long row_bytes, int rows, int cols,
-                              const signed char *x_hi, const signed char *x_lo,
-                              const float2 *x_scales, const float *x_sums, int tokens,
-                              const float *bias, float *out) {
+// multiple of 32. With PARTS = 3, one launch covers up to three matrices of the same format and
+// width over the same activations (a layer's q, k and v; its gate and up), warp r taking row r
+// of their rows end to end, so that each costs one launch and one wait less; an absent part has
+// no rows. That pays where launches dominate, in decode and short verify steps (the one-row and
+// four-row instances). The eight-row instance takes the first part only: choosing the part
+// made ptxas allocate it 168 registers instead of 200 and made it 41% slower on the H200
+// (prefill of 512 tokens: 812 against 1,381 tok/s), which prefill and large batches would pay.
+//
+// A decode step (one row) has its own instance: it needs a quarter of the registers of eight
+// rows' accumulators, and the span loop is not unrolled, so that many warps fit on an SM: more
+// warps, each with one span's loads in flight, beat fewer warps with two (on the H200, 435
+// tok/s of 1.5B decode against 380 with the loop unrolled twice). Two to four rows (short verify
+// steps, small batches) have a four-row instance for the same reason. Every instance sums each
+// activation row in the same order, so a row's result does not depend on which one ran it, nor
+// on the matrices launched with it.
+template <typename Block, int TOKENS, int PARTS>
+static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const MatvecPart third,
+                              unsigned long long row_bytes, int cols, const signed char *x_hi,
+                              const signed char *x_lo, const float2 *x_scales,
+                              const float *x_sums, int tokens) {
     const int lane = threadIdx.x % WARP_SIZE;
-    const int row = blockIdx.x * MMV_WARPS + threadIdx.x / WARP_SIZE;
-    if (row >= rows) {
-        return;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    // Chosen by comparisons, not by indexing an array, which would put the parts in memory.
+    if (row >= part.rows) {
+        if (PARTS == 1) {
+            return;
+        }
+        row -= part.rows;
+        part = second;
+        if (row >= part.rows) {
+            row -= part.rows;
+            part = third;
+            if (row >= part.rows) {
+                return;
+            }
+        }
     }
-    const uint8_t *w_row = w + (size_t)row * row_bytes;
-    const float b = bias ? bias[row] : 0.0f;
+    const uint8_t *w_row = part.w + (size_t)row * row_bytes;
+    const float b = part.bias ? part.bias[row] : 0.0f;
     const int spans = cols / SPAN;
     for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
         const int n = min(TOKENS, tokens - t0);
@@ -293,7 +322,7 @@ static __device__ void mmv_q8(const uint8_t *w, unsigned long long row_bytes, in
                 }
             }
         }
-        write_sums<TOKENS>(acc, n, t0, rows, row, b, out);
+        write_sums<TOKENS>(acc, n, t0, part.rows, row, b, part.out);
     }
 }
 
@@ -303,7 +332,7 @@ template <typename Block>
 static __device__ void mmv_f32(const uint8_t *w, unsigned long long row_bytes, int rows, int cols,
                                const float *x, int tokens, const float *bias, float *out) {
     const int lane = threadIdx.x % WARP_SIZE;
-    const int row = blockIdx.x * MMV_WARPS + threadIdx.x / WARP_SIZE;
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= rows) {
         return;
     }
@@ -337,18 +366,21 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
 }
 
 // The quantized matvec of `Block` for up to TOKENS activation rows at a time, as `symbol`.
-#define QUANT_INSTANCE(symbol, Block, TOKENS)                                                  \
+#define QUANT_INSTANCE(symbol, Block, TOKENS, PARTS)                                           \
     extern "C" __global__ void symbol(                                                         \
-        const uint8_t *w, unsigned long long row_bytes, int rows, int cols,                    \
+        const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
+        int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
+        const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
         const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
-        const float *x_sums, int tokens, const float *bias, float *out) {                      \
-        mmv_q8<Block, TOKENS>(w, row_bytes, rows, cols, x_hi, x_lo, x_scales, x_sums, tokens,  \
-                              bias, out);                                                      \
+        const float *x_sums, int tokens) {                                                     \
+        mmv_q8<Block, TOKENS, PARTS>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},      \
+                                     {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,    \
+                                     x_scales, x_sums, tokens);                                \
     }
 #define QUANT_INSTANCES(name, Block)                                                           \
-    QUANT_INSTANCE(mmv_##name, Block, MMV_TOKENS)                                              \
-    QUANT_INSTANCE(mmv1_##name, Block, 1)                                                      \
-    QUANT_INSTANCE(mmv4_##name, Block, 4)
+    QUANT_INSTANCE(mmv_##name, Block, MMV_TOKENS, 1)                                           \
+    QUANT_INSTANCE(mmv1_##name, Block, 1, 3)                                                   \
+    QUANT_INSTANCE(mmv4_##name, Block, 4, 3)
 #define FLOAT_INSTANCES(name, Block)                                                           \
     extern "C" __global__ void mmv_##name(const uint8_t *w, unsigned long long row_bytes,      \
                                           int rows, int cols, const float *x, int tokens,     \

@@ -33,6 +33,7 @@ pub const DEFAULT_CHIP: &str = "cpu";
 pub struct HostProfile {
     chip: Chip,
     engine: EngineDefaults,
+    kernels: Option<KernelTuning>,
     pairs: Vec<Pair>,
 }
 
@@ -112,6 +113,17 @@ pub struct EngineDefaults {
     pub kv_cache_mib: u64,
     /// The longest draft per speculative round.
     pub draft_tokens: usize,
+}
+
+/// How a GPU engine launches its kernels on the chip (`[kernels]`, present exactly when the
+/// engine is a GPU one); the backend checks the values' ranges when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelTuning {
+    /// Weight rows per block of the matrix-vector kernels, one warp (wave) each.
+    pub matvec_warps: u32,
+    /// Warps (waves) per block of attention, one block per token and query head.
+    pub attention_warps: u32,
 }
 
 /// A target model and what drafts for it.
@@ -232,6 +244,11 @@ impl HostProfile {
         &self.engine
     }
 
+    /// The kernels' launch shapes, for a GPU engine.
+    pub fn kernels(&self) -> Option<&KernelTuning> {
+        self.kernels.as_ref()
+    }
+
     /// The pairs, in file order.
     pub fn pairs(&self) -> &[Pair] {
         &self.pairs
@@ -337,6 +354,15 @@ impl HostProfile {
                     chip.vendor
                 ),
             );
+        }
+        let gpu_engine = self.engine.backend != BackendKind::Cpu;
+        if self.kernels.is_some() != gpu_engine {
+            let why = if gpu_engine {
+                "is required for a GPU engine"
+            } else {
+                "applies only to GPU engines"
+            };
+            return fail("kernels", why.into());
         }
         self.validate_engine()
             .or_else(|(field, why)| fail(&format!("engine.{field}"), why))?;
@@ -552,6 +578,7 @@ mod tests {
         runtime = \"cuda\"\nruntime_version = \"12\"\nkernel_target = \"sm_86\"\nmemory_gib = 24\n";
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
+    const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
         drafter = \"qwen2.5-coder-0.5b-instruct-q4_k_m\"\ndefault = true\n\
         verified = { status = \"unmeasured\" }\n";
@@ -608,6 +635,17 @@ mod tests {
         );
         let unknown = profile.pair("q").unwrap_err().to_string();
         assert!(unknown.contains("its pairs are: p"), "{unknown}");
+        assert_eq!(profile.kernels(), None);
+        let engine = ENGINE.replace("\"cpu\"", "\"cuda\"");
+        let cuda = parse(&format!("{CHIP_GPU}{engine}{KERNELS}{PAIR}")).unwrap();
+        assert!(!cuda.is_cpu_stand_in());
+        assert_eq!(
+            cuda.kernels(),
+            Some(&KernelTuning {
+                matvec_warps: 2,
+                attention_warps: 8
+            })
+        );
     }
 
     #[test]
@@ -642,6 +680,18 @@ mod tests {
                 ENGINE.replace("\"cpu\"", "\"hip\""),
                 PAIR.to_owned(),
                 "engine.backend: a Nvidia chip runs Cuda or the CPU stand-in",
+            ),
+            (
+                CHIP_GPU.to_owned(),
+                ENGINE.replace("\"cpu\"", "\"cuda\""),
+                PAIR.to_owned(),
+                "kernels: is required for a GPU engine",
+            ),
+            (
+                CHIP_GPU.to_owned(),
+                format!("{ENGINE}{KERNELS}"),
+                PAIR.to_owned(),
+                "kernels: applies only to GPU engines",
             ),
             (
                 CHIP_GPU.to_owned(),

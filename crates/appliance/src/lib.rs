@@ -43,6 +43,6 @@ pub use fetch::{
 };
 pub use gate::{Check, Decision, GateError, GateState, Generation, SystemProfile, Verdict, decide};
 pub use host::{
-    BackendKind, Chip, DEFAULT_CHIP, EngineDefaults, HostError, HostProfile, Pair, PairDrafter,
-    Runtime, Vendor, Verification,
+    BackendKind, Chip, DEFAULT_CHIP, EngineDefaults, HostError, HostProfile, KernelTuning, Pair,
+    PairDrafter, Runtime, Vendor, Verification,
 };

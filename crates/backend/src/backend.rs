@@ -133,6 +133,24 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// One product of [`Backend::matmuls`]: `out = x . matrix^T (+ bias)`.
+pub struct Projection<'a, B: Backend + ?Sized> {
+    /// The weights.
+    pub matrix: &'a B::Matrix,
+    /// Added to each output row, if any.
+    pub bias: Option<&'a B::Vector>,
+    /// Where the product goes.
+    pub out: &'a mut B::Activations,
+}
+
+impl<B: Backend + ?Sized> std::fmt::Debug for Projection<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Projection")
+            .field("bias", &self.bias.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// A compute device: it owns weights, activations and the KV cache in its own memory, and runs
 /// the operations of a forward pass over a [`RaggedBatch`].
 ///
@@ -253,6 +271,19 @@ pub trait Backend: Send + Sync + 'static {
         rows: usize,
         out: &mut Self::Activations,
     ) -> Result<(), Error>;
+    /// [`matmul`](Backend::matmul) of each projection with the same `x`: a layer's q, k and v,
+    /// or its gate and up, which a device backend runs as one kernel where their formats agree.
+    fn matmuls(
+        &self,
+        x: &Self::Activations,
+        rows: usize,
+        projections: &mut [Projection<'_, Self>],
+    ) -> Result<(), Error> {
+        for p in projections {
+            self.matmul(p.matrix, p.bias, x, rows, p.out)?;
+        }
+        Ok(())
+    }
     /// Rotates each head of each batch row in place by its token's position.
     fn rope(
         &self,

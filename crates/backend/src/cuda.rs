@@ -13,8 +13,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::Error;
 use crate::gpu::{GpuBackend, KernelArg, KernelImage, Runtime, Sealed, unavailable};
+use crate::{Error, GpuTuning};
 
 /// The GPU backend on an NVIDIA GPU.
 pub type CudaBackend = GpuBackend<Cuda>;
@@ -97,6 +97,13 @@ impl Runtime for Cuda {
         .map_err(|e| e.to_string())
     }
 
+    fn max_block_threads(&self, function: &CudaFunction) -> Result<u32, String> {
+        let threads = function
+            .max_threads_per_block()
+            .map_err(|e| e.to_string())?;
+        u32::try_from(threads).map_err(|_| format!("{threads} threads per block"))
+    }
+
     fn begin_recording(&self) -> Result<(), String> {
         self.stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -116,8 +123,8 @@ impl Runtime for Cuda {
 }
 
 impl GpuBackend<Cuda> {
-    /// The backend on CUDA device `ordinal`.
-    pub fn new(ordinal: usize) -> Result<Self, Error> {
+    /// The backend on CUDA device `ordinal`, launching its kernels as `tuning` says.
+    pub fn new(ordinal: usize, tuning: GpuTuning) -> Result<Self, Error> {
         let fail = unavailable::<Cuda>;
         // SAFETY: only probes whether the driver library can be opened; cudarc would panic on
         // first use without it.
@@ -153,13 +160,19 @@ impl GpuBackend<Cuda> {
         // cudarc's per-buffer events (for work on several streams) are not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(describe)?;
-        GpuBackend::start(Cuda { stream }, device, peak_bandwidth, |family, name| {
-            modules
-                .get(family)
-                .ok_or_else(|| format!("no {family} kernels for sm_{sm}"))?
-                .load_function(name)
-                .map_err(|e| format!("kernel {name}: {e}"))
-        })
+        GpuBackend::start(
+            Cuda { stream },
+            device,
+            peak_bandwidth,
+            tuning,
+            |family, name| {
+                modules
+                    .get(family)
+                    .ok_or_else(|| format!("no {family} kernels for sm_{sm}"))?
+                    .load_function(name)
+                    .map_err(|e| format!("kernel {name}: {e}"))
+            },
+        )
     }
 }
 

@@ -43,6 +43,9 @@ pub enum Error {
         /// What the device's driver said.
         detail: String,
     },
+    /// A kernel launch shape (`[kernels]` of a host profile) is out of range.
+    #[error("kernel tuning: {0}")]
+    Tuning(String),
     /// The backend is not available on this machine or in this build.
     #[error("{backend} backend unavailable: {reason}")]
     Unavailable {

@@ -13,8 +13,8 @@ use hip_sys::hiprt::{
     hipDeviceAttribute_t, hipFunction_t, hipGraph_t, hipGraphExec_t, hipModule_t, hipStream_t,
 };
 
-use crate::Error;
 use crate::gpu::{GpuBackend, KernelArg, KernelImage, Runtime, Sealed, unavailable};
+use crate::{Error, GpuTuning};
 
 /// The GPU backend on an AMD GPU.
 pub type HipBackend = GpuBackend<Hip>;
@@ -57,6 +57,7 @@ unsafe extern "C" {
     ) -> c_int;
     fn hipModuleLoadData(module: *mut hipModule_t, image: *const c_void) -> c_int;
     fn hipModuleUnload(module: hipModule_t) -> c_int;
+    fn hipFuncGetAttribute(value: *mut c_int, attribute: c_int, function: hipFunction_t) -> c_int;
     fn hipModuleGetFunction(
         function: *mut hipFunction_t,
         module: hipModule_t,
@@ -93,6 +94,8 @@ const HIP_SUCCESS: c_int = 0;
 const HIP_ERROR_NO_DEVICE: c_int = 100;
 const HIP_STREAM_NON_BLOCKING: c_uint = 1;
 const HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
+/// `hipFunction_attribute`'s first value (as CUDA's `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`).
+const HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: c_int = 0;
 
 /// `Ok` for success, else the runtime's description of `code`.
 fn check(code: c_int) -> Result<(), String> {
@@ -280,6 +283,19 @@ impl Runtime for Hip {
         })
     }
 
+    fn max_block_threads(&self, function: &HipFunction) -> Result<u32, String> {
+        let mut threads = 0;
+        // SAFETY: a loaded function; the value is written on success.
+        check(unsafe {
+            hipFuncGetAttribute(
+                &mut threads,
+                HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                function.0,
+            )
+        })?;
+        u32::try_from(threads).map_err(|_| format!("{threads} threads per block"))
+    }
+
     fn begin_recording(&self) -> Result<(), String> {
         self.bind()?;
         // SAFETY: a live stream, not already recording (the backend records one pass at a
@@ -312,8 +328,8 @@ impl Runtime for Hip {
 }
 
 impl GpuBackend<Hip> {
-    /// The backend on HIP device `ordinal`.
-    pub fn new(ordinal: usize) -> Result<Self, Error> {
+    /// The backend on HIP device `ordinal`, launching its kernels as `tuning` says.
+    pub fn new(ordinal: usize, tuning: GpuTuning) -> Result<Self, Error> {
         let fail = unavailable::<Hip>;
         let no_gpu = |why: String| {
             fail(format!(
@@ -396,20 +412,26 @@ impl GpuBackend<Hip> {
             String::new()
         };
         let described = format!("{name}, {arch}{runtime_version}");
-        GpuBackend::start(runtime, described, peak_bandwidth, |family, kernel| {
-            let module = modules
-                .iter()
-                .find(|(f, _)| *f == family)
-                .map(|&(_, module)| module)
-                .ok_or_else(|| format!("no {family} kernels for {arch}"))?;
-            let c_name = std::ffi::CString::new(kernel).map_err(|e| e.to_string())?;
-            let mut function = ptr::null_mut();
-            // SAFETY: a loaded module and a NUL-terminated name; the handle is written on
-            // success and lives as long as the module, which the runtime keeps.
-            check(unsafe { hipModuleGetFunction(&mut function, module, c_name.as_ptr()) })
-                .map_err(|e| format!("kernel {kernel}: {e}"))?;
-            Ok(HipFunction(function))
-        })
+        GpuBackend::start(
+            runtime,
+            described,
+            peak_bandwidth,
+            tuning,
+            |family, kernel| {
+                let module = modules
+                    .iter()
+                    .find(|(f, _)| *f == family)
+                    .map(|&(_, module)| module)
+                    .ok_or_else(|| format!("no {family} kernels for {arch}"))?;
+                let c_name = std::ffi::CString::new(kernel).map_err(|e| e.to_string())?;
+                let mut function = ptr::null_mut();
+                // SAFETY: a loaded module and a NUL-terminated name; the handle is written on
+                // success and lives as long as the module, which the runtime keeps.
+                check(unsafe { hipModuleGetFunction(&mut function, module, c_name.as_ptr()) })
+                    .map_err(|e| format!("kernel {kernel}: {e}"))?;
+                Ok(HipFunction(function))
+            },
+        )
     }
 }
 

@@ -27,9 +27,11 @@ mod error;
 mod gpu;
 #[cfg(feature = "hip")]
 mod hip;
+mod tuning;
 
 pub use backend::{
-    AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Rope, RopeStyle, argmax,
+    AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Projection, Rope, RopeStyle,
+    argmax,
 };
 pub use batch::RaggedBatch;
 pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};
@@ -43,3 +45,4 @@ pub use gpu::{
 };
 #[cfg(feature = "hip")]
 pub use hip::{Hip, HipBackend};
+pub use tuning::GpuTuning;

@@ -13,7 +13,7 @@ mod common;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use lucebox_backend::{Backend, CpuBackend};
+use lucebox_backend::{Backend, CpuBackend, GpuTuning};
 
 /// The backend under test: CUDA's when both are built.
 #[cfg(feature = "cuda")]
@@ -54,7 +54,11 @@ fn on<B: Backend>(backend: &Arc<B>, file: &Arc<GgufFile>) -> Arc<Model<B>> {
 }
 
 fn gpu() -> Arc<GpuBackend> {
-    Arc::new(GpuBackend::new(0).unwrap_or_else(|e| panic!("{e}")))
+    tuned(GpuTuning::DEFAULT)
+}
+
+fn tuned(tuning: GpuTuning) -> Arc<GpuBackend> {
+    Arc::new(GpuBackend::new(0, tuning).unwrap_or_else(|e| panic!("{e}")))
 }
 
 fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
@@ -91,7 +95,7 @@ fn config() -> SessionConfig {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and fetched models"]
+#[ignore = "needs a GPU and fetched models"]
 fn logits_agree_with_the_cpu_within_the_bound() {
     let gpu = gpu();
     let cpu = Arc::new(CpuBackend::new(None).unwrap());
@@ -124,13 +128,69 @@ fn logits_agree_with_the_cpu_within_the_bound() {
     }
 }
 
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn kernel_tuning_changes_logits_at_most_by_rounding() {
+    let file = open(DRAFTER);
+    let vocab = on(&gpu(), &file).config().vocab;
+    // Several tiles of 32 positions, so that attention's warps share the work.
+    let tokens = common::tokenize(&file, &PROMPTS.concat().repeat(4));
+    let reference = common::prefill_logits(&on(&gpu(), &file), &tokens);
+    let cpu = common::prefill_logits(
+        &on(&Arc::new(CpuBackend::new(None).unwrap()), &file),
+        &tokens,
+    );
+    let worst = |logits: &[f32], against: &[f32]| {
+        logits
+            .chunks_exact(vocab)
+            .zip(against.chunks_exact(vocab))
+            .map(|(x, y)| relative_l2(x, y))
+            .fold(0.0, f64::max)
+    };
+    for warps in [1, 2, 8, 16] {
+        // Each warp computes its weight row alone: rows per block cannot change a bit.
+        let matvec = GpuTuning {
+            matvec_warps: warps,
+            ..GpuTuning::DEFAULT
+        };
+        match GpuBackend::new(0, matvec) {
+            Ok(backend) => {
+                let logits = common::prefill_logits(&on(&Arc::new(backend), &file), &tokens);
+                assert!(
+                    logits == reference,
+                    "matvec_warps = {warps} changed the logits"
+                );
+            }
+            // The eight-row instance holds too many registers for blocks of 16 warps.
+            Err(e @ lucebox_backend::Error::Tuning(_)) => {
+                println!("matvec_warps = {warps}: refused: {e}");
+            }
+            Err(e) => panic!("{e}"),
+        }
+        // More or fewer warps merge a head's partial sums in another order.
+        let attention = GpuTuning {
+            attention_warps: warps,
+            ..GpuTuning::DEFAULT
+        };
+        let logits = common::prefill_logits(&on(&tuned(attention), &file), &tokens);
+        let (moved, from_cpu) = (worst(&logits, &reference), worst(&logits, &cpu));
+        println!(
+            "attention_warps = {warps}: relative L2 {moved:.2e} from the default, {from_cpu:.2e} from the CPU"
+        );
+        assert!(
+            from_cpu <= LOGITS_BOUND,
+            "attention_warps = {warps}: {from_cpu:.2e} from the CPU"
+        );
+    }
+}
+
 /// The largest logit gap, on either backend, between the two tokens where their greedy
 /// continuations part: a near-tie that rounding may break either way. The backends' logits
 /// differ by about 1e-3 per entry (LOGITS_BOUND), so anything larger is a defect.
 const NEAR_TIE: f32 = 0.05;
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and fetched models"]
+#[ignore = "needs a GPU and fetched models"]
 fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie() {
     let gpu = gpu();
     let cpu = Arc::new(CpuBackend::new(None).unwrap());
@@ -177,7 +237,7 @@ fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and fetched models"]
+#[ignore = "needs a GPU and fetched models"]
 fn speculative_greedy_equals_plain_greedy_on_the_device() {
     let gpu = gpu();
     let (target_file, drafter_file) = (open(TARGET), open(DRAFTER));
@@ -222,7 +282,7 @@ fn speculative_greedy_equals_plain_greedy_on_the_device() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and fetched models"]
+#[ignore = "needs a GPU and fetched models"]
 fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
     let gpu = gpu();
     let file = open(TARGET);

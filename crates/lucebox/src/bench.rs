@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use lucebox_appliance::HostProfile;
 use lucebox_backend::Backend;
 use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
 
-use crate::load::{Device, load_model};
+use crate::load::{Device, TuningArgs, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -29,6 +30,12 @@ pub(crate) struct BenchArgs {
     /// The backend to measure.
     #[arg(long, value_enum, default_value_t)]
     device: Device,
+    /// The host profile (`hosts/<chip>.toml`) whose `[kernels]` tuning a GPU device launches
+    /// its kernels with [default: none, the backend's defaults].
+    #[arg(long)]
+    chip: Option<String>,
+    #[command(flatten)]
+    tuning: TuningArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -99,7 +106,14 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--draft goes with --spec or --serve");
     }
     let model_arg = args.model.as_deref().context("--model is required")?;
-    crate::load::on_device!(args.device, args.threads, |backend| bench_on(
+    let profile = args
+        .chip
+        .as_deref()
+        .map(HostProfile::embedded)
+        .transpose()
+        .context("--chip")?;
+    let tuning = args.tuning.resolve(profile.as_ref(), args.device)?;
+    crate::load::on_device!(args.device, args.threads, tuning, |backend| bench_on(
         backend, &args, model_arg
     ))
 }

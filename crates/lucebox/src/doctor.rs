@@ -70,7 +70,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     }
     let device = crate::load::Device::of_profile(&profile);
     if device != crate::load::Device::Cpu {
-        match engine(device) {
+        match engine(device, &profile) {
             Ok(engine) => println!("engine: {engine}"),
             Err(why) => problems.push(format!(
                 "the profile's {backend} engine cannot start: {why:#}"
@@ -95,9 +95,10 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The description of `device`'s backend, or why it cannot start.
-fn engine(device: crate::load::Device) -> anyhow::Result<String> {
-    crate::load::on_device!(device, None, |backend| Ok(backend.describe()))
+/// The description of `device`'s backend, tuned as `profile` says, or why it cannot start.
+fn engine(device: crate::load::Device, profile: &HostProfile) -> anyhow::Result<String> {
+    let tuning = crate::load::TuningArgs::default().resolve(Some(profile), device)?;
+    crate::load::on_device!(device, None, tuning, |backend| Ok(backend.describe()))
 }
 
 fn report_devices(devices: &Devices) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use lucebox_appliance::{BackendKind, HostProfile};
-use lucebox_backend::{Backend, CpuBackend};
+use lucebox_backend::{Backend, CpuBackend, GpuTuning};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
@@ -83,11 +83,54 @@ impl Device {
     }
 }
 
+/// The flags that override a host profile's `[kernels]` table: how the GPU kernels are
+/// launched, to tune a chip.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct TuningArgs {
+    /// GPU only: weight rows per block of the matrix-vector kernels, one warp (wave) each
+    /// [default: the profile's `[kernels]`, else 4].
+    #[arg(long)]
+    matvec_warps: Option<u32>,
+    /// GPU only: warps (waves) per block of attention [default: the profile's `[kernels]`,
+    /// else 4].
+    #[arg(long)]
+    attention_warps: Option<u32>,
+}
+
+impl TuningArgs {
+    /// The launch shapes for `device`: these flags over `profile`'s `[kernels]` over the
+    /// backend's defaults. The backend checks the ranges when it starts.
+    pub(crate) fn resolve(
+        &self,
+        profile: Option<&HostProfile>,
+        device: Device,
+    ) -> anyhow::Result<GpuTuning> {
+        if device == Device::Cpu && (self.matvec_warps.is_some() || self.attention_warps.is_some())
+        {
+            bail!("--matvec-warps and --attention-warps tune the GPU kernels, not --device cpu");
+        }
+        let base = profile
+            .and_then(HostProfile::kernels)
+            .map_or(GpuTuning::DEFAULT, |k| GpuTuning {
+                matvec_warps: k.matvec_warps,
+                attention_warps: k.attention_warps,
+            });
+        Ok(GpuTuning {
+            matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
+            attention_warps: self.attention_warps.unwrap_or(base.attention_warps),
+        })
+    }
+}
+
 /// Evaluates `$body` with `$backend` bound to `&Arc<B>`, the backend of `$device` (the CPU one
-/// with `$threads` threads), in the function's `anyhow::Result`; a device this build lacks is
-/// an error. A macro, because the body is generic over the backend's type.
+/// with `$threads` threads, a GPU one launching its kernels as `$tuning` says), in the
+/// function's `anyhow::Result`; a device this build lacks is an error. A macro, because the
+/// body is generic over the backend's type.
 macro_rules! on_device {
-    ($device:expr, $threads:expr, |$backend:ident| $body:expr) => {
+    ($device:expr, $threads:expr, $tuning:expr, |$backend:ident| $body:expr) => {{
+        let tuning: lucebox_backend::GpuTuning = $tuning;
+        #[cfg(not(any(feature = "cuda", feature = "hip")))]
+        let _ = tuning;
         match $device {
             $crate::load::Device::Cpu => {
                 let $backend = &$crate::load::cpu_backend($threads)?;
@@ -95,12 +138,12 @@ macro_rules! on_device {
             }
             #[cfg(feature = "cuda")]
             $crate::load::Device::Cuda => {
-                let $backend = &std::sync::Arc::new(lucebox_backend::CudaBackend::new(0)?);
+                let $backend = &std::sync::Arc::new(lucebox_backend::CudaBackend::new(0, tuning)?);
                 $body
             }
             #[cfg(feature = "hip")]
             $crate::load::Device::Hip => {
-                let $backend = &std::sync::Arc::new(lucebox_backend::HipBackend::new(0)?);
+                let $backend = &std::sync::Arc::new(lucebox_backend::HipBackend::new(0, tuning)?);
                 $body
             }
             #[cfg(not(feature = "cuda"))]
@@ -108,7 +151,7 @@ macro_rules! on_device {
             #[cfg(not(feature = "hip"))]
             $crate::load::Device::Hip => anyhow::bail!($crate::load::NO_HIP),
         }
-    };
+    }};
 }
 pub(crate) use on_device;
 
@@ -139,4 +182,44 @@ pub(crate) fn load_model<B: Backend>(arg: &str, backend: &Arc<B>) -> anyhow::Res
         file,
         model: Arc::new(model),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_gpu_profile_s_kernel_tuning_is_in_the_kernels_range() {
+        for profile in HostProfile::embedded_all().unwrap() {
+            let device = Device::of_profile(&profile);
+            let tuning = TuningArgs::default()
+                .resolve(Some(&profile), device)
+                .unwrap();
+            tuning
+                .validate()
+                .unwrap_or_else(|e| panic!("hosts/{}.toml: {e}", profile.chip().name()));
+            assert_eq!(profile.kernels().is_some(), device != Device::Cpu);
+        }
+    }
+
+    #[test]
+    fn tuning_flags_override_the_profile_and_are_refused_for_the_cpu() {
+        let r9700 = HostProfile::embedded("r9700").unwrap();
+        let flags = TuningArgs {
+            matvec_warps: Some(8),
+            attention_warps: None,
+        };
+        let tuning = flags.resolve(Some(&r9700), Device::Hip).unwrap();
+        assert_eq!(tuning.matvec_warps, 8);
+        assert_eq!(
+            tuning.attention_warps,
+            r9700.kernels().unwrap().attention_warps
+        );
+        assert_eq!(
+            TuningArgs::default().resolve(None, Device::Cuda).unwrap(),
+            GpuTuning::DEFAULT
+        );
+        let refused = flags.resolve(None, Device::Cpu).unwrap_err().to_string();
+        assert!(refused.contains("not --device cpu"), "{refused}");
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use lucebox_appliance::{DEFAULT_CHIP, HostProfile};
-use lucebox_backend::Backend;
+use lucebox_backend::{Backend, GpuTuning};
 use lucebox_engine::speculative::{DraftPolicy, Drafter, ModelDrafter, NgramDrafter};
 use lucebox_engine::{BatchConfig, Batcher, DEFAULT_BLOCK_TOKENS};
 use lucebox_server::{Engine, Server, ServerConfig};
@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::generate::{draft_policy, load_drafter};
-use crate::load::{Device, load_model};
+use crate::load::{Device, TuningArgs, load_model};
 
 /// Flags of `lucebox serve`; each overrides the same key of the --config file.
 #[derive(Debug, Args)]
@@ -63,6 +63,8 @@ pub struct ServeArgs {
     /// The backend to serve on [default: the profile's, `[engine] backend`].
     #[arg(long, value_enum)]
     device: Option<Device>,
+    #[command(flatten)]
+    tuning: TuningArgs,
     /// Address to listen on [default: 127.0.0.1].
     #[arg(long)]
     host: Option<IpAddr>,
@@ -141,6 +143,7 @@ struct Settings {
     kv_cache_mib: u64,
     threads: Option<usize>,
     device: Device,
+    tuning: GpuTuning,
     log_format: LogFormat,
     server: ServerConfig,
 }
@@ -239,6 +242,7 @@ impl Settings {
             None => Device::of_profile(&profile),
         };
         device.ensure_built()?;
+        let tuning = args.tuning.resolve(Some(&profile), device)?;
         let api_key = match (args.api_key, args.api_key_file) {
             (None, None) => (file.api_key, file.api_key_file),
             flags => flags,
@@ -263,6 +267,7 @@ impl Settings {
                 .unwrap_or(defaults.kv_cache_mib),
             threads: args.threads.or(file.threads),
             device,
+            tuning,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
             server: ServerConfig {
                 listen: SocketAddr::new(host, port),
@@ -383,9 +388,12 @@ where
 
 /// Loads the model (and drafter) on the chosen device.
 fn load(settings: &Settings) -> anyhow::Result<Engine> {
-    crate::load::on_device!(settings.device, settings.threads, |backend| load_on(
-        backend, settings
-    ))
+    crate::load::on_device!(
+        settings.device,
+        settings.threads,
+        settings.tuning,
+        |backend| load_on(backend, settings)
+    )
 }
 
 /// Loads the model (and drafter) on `backend` and builds the batch engine that serves them.

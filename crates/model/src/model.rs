@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, PassShape, RaggedBatch};
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, PassShape, Projection, RaggedBatch};
 use lucebox_gguf::GgufFile;
 
 use crate::{Architecture, Error, ModelConfig};
@@ -267,9 +267,27 @@ impl<B: Backend> Model<B> {
             b.rms_norm(&ws.x, &first.attn_norm, eps, n, &mut ws.normed)?;
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            b.matmul(&layer.q, layer.q_bias.as_ref(), &ws.normed, n, &mut ws.q)?;
-            b.matmul(&layer.k, layer.k_bias.as_ref(), &ws.normed, n, &mut ws.k)?;
-            b.matmul(&layer.v, layer.v_bias.as_ref(), &ws.normed, n, &mut ws.v)?;
+            b.matmuls(
+                &ws.normed,
+                n,
+                &mut [
+                    Projection {
+                        matrix: &layer.q,
+                        bias: layer.q_bias.as_ref(),
+                        out: &mut ws.q,
+                    },
+                    Projection {
+                        matrix: &layer.k,
+                        bias: layer.k_bias.as_ref(),
+                        out: &mut ws.k,
+                    },
+                    Projection {
+                        matrix: &layer.v,
+                        bias: layer.v_bias.as_ref(),
+                        out: &mut ws.v,
+                    },
+                ],
+            )?;
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
                 b.rms_norm_heads(&mut ws.q, qn, eps, n)?;
                 b.rms_norm_heads(&mut ws.k, kn, eps, n)?;
@@ -285,8 +303,22 @@ impl<B: Backend> Model<B> {
                 n,
                 &mut ws.normed,
             )?;
-            b.matmul(&layer.ffn_gate, None, &ws.normed, n, &mut ws.gate)?;
-            b.matmul(&layer.ffn_up, None, &ws.normed, n, &mut ws.up)?;
+            b.matmuls(
+                &ws.normed,
+                n,
+                &mut [
+                    Projection {
+                        matrix: &layer.ffn_gate,
+                        bias: None,
+                        out: &mut ws.gate,
+                    },
+                    Projection {
+                        matrix: &layer.ffn_up,
+                        bias: None,
+                        out: &mut ws.up,
+                    },
+                ],
+            )?;
             b.silu_mul(&mut ws.gate, &ws.up, n)?;
             b.matmul(&layer.ffn_down, None, &ws.gate, n, &mut ws.sublayer)?;
             // The residual add ends the layer; the next layer's norm goes with it.

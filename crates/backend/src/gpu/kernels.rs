@@ -77,6 +77,20 @@ impl<F> Kernels<F> {
         })
     }
 
+    /// Every matvec kernel, with its name.
+    pub(crate) fn matvecs(&self) -> impl Iterator<Item = (String, &F)> {
+        self.formats.values().flat_map(|f| {
+            let name = f.ty.name().to_lowercase();
+            [
+                ("mmv", Some(&f.mmv)),
+                ("mmv1", f.mmv1.as_ref()),
+                ("mmv4", f.mmv4.as_ref()),
+            ]
+            .into_iter()
+            .filter_map(move |(instance, kernel)| Some((format!("{instance}_{name}"), kernel?)))
+        })
+    }
+
     /// The kernels of storage type `ty`, if the images have them.
     pub(crate) fn format(&self, ty: GgmlType) -> Option<Arc<FormatKernels<F>>> {
         self.formats.get(&ty).cloned()

@@ -20,8 +20,8 @@ use lucebox_quant::{Isa, WeightFormat};
 
 use crate::checks::{self, Dims, HeadDims};
 use crate::{
-    AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch, Rope,
-    RopeStyle,
+    AttentionShape, Backend, BatchCapacity, Error, GpuTuning, KvLayout, PassShape, Projection,
+    RaggedBatch, Rope, RopeStyle,
 };
 use kernels::FormatKernels;
 pub(crate) use kernels::Kernels;
@@ -33,8 +33,8 @@ const ROW_THREADS: u32 = 256;
 /// Lanes per warp (CUDA) or wave (HIP): the kernels reduce over 32 lanes, and the HIP build
 /// refuses wave64 (kernels/portable.cuh).
 const LANES: u32 = 32;
-/// Warps per block of the kernels that give each warp one item, such as a weight row (must
-/// match the kernels).
+/// Warps per block of the small kernels that give each warp one item (a group of 32 values to
+/// quantize, a head to normalise).
 const WARPS_PER_BLOCK: u32 = 4;
 /// The heads the attention kernel takes: each lane holds head_dim / 32 dimensions, at most
 /// `ATTENTION_MAX_PER_LANE`.
@@ -42,8 +42,6 @@ const HEAD_DIMS: HeadDims = HeadDims {
     max: 256,
     multiple_of: 32,
 };
-/// Warps per block of the attention kernel (`ATTENTION_WARPS`).
-const ATTENTION_WARPS: u32 = 4;
 /// Warps per block of the row norm (`NORM_WARPS`), one block per row.
 const NORM_WARPS: u32 = 32;
 /// The widest row the norm takes (`NORM_MAX_COLS`): each thread keeps eight of its values in
@@ -58,6 +56,11 @@ const RECORD_MAX_GRAPHS: usize = 256;
 /// Values per scale of the quantized activations (`quantize_q8`), and the width every quantized
 /// matrix's rows are a multiple of.
 const QUANT_GROUP: usize = 32;
+/// The most matrices one quantized matvec launch takes (`MatvecPart`s of kernels/cuda/mmv.cu).
+const MATVEC_PARTS: usize = 3;
+/// The most activation rows of the matvec instances that take several matrices (the one-row
+/// and four-row ones); the eight-row instance takes one.
+const MATVEC_FUSED_ROWS: usize = 4;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
 
@@ -72,6 +75,8 @@ pub struct GpuBackend<R: Runtime> {
     /// Whether forward passes are recorded and replayed as graphs (`R::GRAPHS_VAR=0` turns
     /// them off, to compare, to debug, or to profile each kernel).
     graphs: bool,
+    /// The launch shapes of the kernels a host profile tunes.
+    tuning: GpuTuning,
     /// The device-side result of [`Backend::argmax_rows`], grown to the most rows asked for.
     argmax: Mutex<Option<Buffer<R, u32>>>,
 }
@@ -159,15 +164,39 @@ impl<R: Runtime, T> Buffer<R, T> {
 }
 
 impl<R: Runtime> GpuBackend<R> {
-    /// The backend on a started runtime; `function(family, name)` loads each kernel.
+    /// The backend on a started runtime, launching its kernels as `tuning` says;
+    /// `function(family, name)` loads each kernel.
     pub(crate) fn start(
         runtime: R,
         device: String,
         peak_bandwidth: Option<f64>,
+        tuning: GpuTuning,
         function: impl Fn(&str, &str) -> Result<R::Function, String>,
     ) -> Result<Self, Error> {
+        tuning.validate()?;
         let kernels = Kernels::load(function)
             .map_err(|reason| unavailable::<R>(format!("{device}: {reason}")))?;
+        let tuned = kernels
+            .matvecs()
+            .map(|(name, kernel)| ("matvec_warps", tuning.matvec_warps, name, kernel))
+            .chain([(
+                "attention_warps",
+                tuning.attention_warps,
+                "attention".to_owned(),
+                &kernels.attention,
+            )]);
+        for (value, warps, name, kernel) in tuned {
+            let most = runtime
+                .max_block_threads(kernel)
+                .map_err(device_error::<R>("kernel attributes"))?
+                / LANES;
+            if warps > most {
+                return Err(Error::Tuning(format!(
+                    "{value} = {warps}: kernel {name} takes at most {most} warps per block on \
+                     {device}"
+                )));
+            }
+        }
         let graphs = std::env::var_os(R::GRAPHS_VAR).is_none_or(|v| v != "0");
         Ok(Self {
             runtime,
@@ -175,6 +204,7 @@ impl<R: Runtime> GpuBackend<R> {
             device,
             peak_bandwidth,
             graphs,
+            tuning,
             argmax: Mutex::new(None),
         })
     }
@@ -279,6 +309,79 @@ impl<R: Runtime> GpuBackend<R> {
             x.quantized_rows.set(rows);
         }
         Ok(quantized)
+    }
+
+    /// One matvec launch over `parts`, checked by the caller: a float matrix alone, up to
+    /// [`MATVEC_PARTS`] quantized matrices of one format for at most [`MATVEC_FUSED_ROWS`]
+    /// activation rows, else one; one warp per weight row of them all.
+    fn matvec(
+        &self,
+        x: &GpuActivations<R>,
+        rows: usize,
+        parts: &mut [Projection<'_, Self>],
+    ) -> Result<(), Error> {
+        let format = &parts[0].matrix.format;
+        let (mmv1, mmv4) = match (&format.mmv1, &format.mmv4) {
+            (Some(mmv1), Some(mmv4)) => (mmv1, mmv4),
+            _ => {
+                let [Projection { matrix, bias, out }] = parts else {
+                    unreachable!("float matrices launch alone");
+                };
+                let grid = (matrix.rows as u32).div_ceil(self.tuning.matvec_warps);
+                return self.launch(
+                    "matmul",
+                    &format.mmv,
+                    grid,
+                    self.tuning.matvec_warps * LANES,
+                    &[
+                        matrix.data.arg(),
+                        (matrix.row_bytes as u64).into(),
+                        int(matrix.rows),
+                        int(matrix.cols),
+                        x.data.arg(),
+                        int(rows),
+                        bias.map_or(NULL, |bias| bias.data.arg()),
+                        out.written(),
+                    ],
+                );
+            }
+        };
+        let q = self.quantize(x, rows)?;
+        let (row_bytes, cols) = (parts[0].matrix.row_bytes, parts[0].matrix.cols);
+        let mut weight_rows = 0;
+        let mut args = Vec::with_capacity(4 * MATVEC_PARTS + 7);
+        for i in 0..MATVEC_PARTS {
+            match parts.get_mut(i) {
+                Some(Projection { matrix, bias, out }) => {
+                    weight_rows += matrix.rows;
+                    args.extend([
+                        matrix.data.arg(),
+                        int(matrix.rows),
+                        bias.map_or(NULL, |bias| bias.data.arg()),
+                        out.written(),
+                    ]);
+                }
+                None => args.extend([NULL, int(0), NULL, NULL]),
+            }
+        }
+        args.extend([
+            (row_bytes as u64).into(),
+            int(cols),
+            q.hi.arg(),
+            q.lo.arg(),
+            q.scales.arg(),
+            q.sums.arg(),
+            int(rows),
+        ]);
+        // The one-row and four-row instances hold fewer registers than the eight-row one.
+        let mmv = match rows {
+            1 => mmv1,
+            2..=MATVEC_FUSED_ROWS => mmv4,
+            _ => &format.mmv,
+        };
+        let warps = self.tuning.matvec_warps;
+        let grid = (weight_rows as u32).div_ceil(warps);
+        self.launch("matmul", mmv, grid, warps * LANES, &args)
     }
 
     /// The row norm kernel over `rows` rows at `x`, shaped as `out`, after adding `y` to them
@@ -760,45 +863,41 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         rows: usize,
         out: &mut GpuActivations<R>,
     ) -> Result<(), Error> {
-        checks::matmul(
-            rows,
-            (matrix.rows, matrix.cols),
-            bias.map(|b| b.len),
-            x.dims(),
-            out.dims(),
-        )?;
-        // One warp per weight row.
-        let grid = (matrix.rows as u32).div_ceil(WARPS_PER_BLOCK);
-        let format = &matrix.format;
-        let mut args = vec![
-            matrix.data.arg(),
-            (matrix.row_bytes as u64).into(),
-            int(matrix.rows),
-            int(matrix.cols),
-        ];
-        // The quantized formats take the activations quantized, and have one-row and four-row
-        // instances that hold fewer registers than the eight-row one.
-        let mmv = match (&format.mmv1, &format.mmv4) {
-            (Some(mmv1), Some(mmv4)) => {
-                let q = self.quantize(x, rows)?;
-                args.extend([q.hi.arg(), q.lo.arg(), q.scales.arg(), q.sums.arg()]);
-                match rows {
-                    1 => mmv1,
-                    2..=4 => mmv4,
-                    _ => &format.mmv,
-                }
-            }
-            _ => {
-                args.push(x.data.arg());
-                &format.mmv
-            }
-        };
-        args.extend([
-            int(rows),
-            bias.map_or(NULL, |bias| bias.data.arg()),
-            out.written(),
-        ]);
-        self.launch("matmul", mmv, grid, WARPS_PER_BLOCK * LANES, &args)
+        self.matmuls(x, rows, &mut [Projection { matrix, bias, out }])
+    }
+
+    fn matmuls(
+        &self,
+        x: &GpuActivations<R>,
+        rows: usize,
+        projections: &mut [Projection<'_, Self>],
+    ) -> Result<(), Error> {
+        for p in projections.iter() {
+            checks::matmul(
+                rows,
+                (p.matrix.rows, p.matrix.cols),
+                p.bias.map(|b| b.len),
+                x.dims(),
+                p.out.dims(),
+            )?;
+        }
+        let mut rest = projections;
+        while let Some(first) = rest.first() {
+            // The one-row and four-row instances take up to three quantized matrices of one
+            // format (and so, with the width checked above, one row length) in one launch.
+            let together = if first.matrix.format.mmv1.is_some() && rows <= MATVEC_FUSED_ROWS {
+                rest.iter()
+                    .take(MATVEC_PARTS)
+                    .take_while(|p| Arc::ptr_eq(&p.matrix.format, &first.matrix.format))
+                    .count()
+            } else {
+                1
+            };
+            let (launch, tail) = rest.split_at_mut(together);
+            self.matvec(x, rows, launch)?;
+            rest = tail;
+        }
+        Ok(())
     }
 
     fn rope(
@@ -931,7 +1030,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             "attention",
             &self.kernels.attention,
             (rows * shape.heads) as u32,
-            ATTENTION_WARPS * LANES,
+            self.tuning.attention_warps * LANES,
             &[
                 q.data.arg(),
                 cache.k[layer].arg(),

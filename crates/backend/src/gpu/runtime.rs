@@ -41,6 +41,9 @@ pub trait Runtime: Send + Sync + Sized + sealed::Sealed + 'static {
         block: u32,
         args: &[KernelArg],
     ) -> Result<(), String>;
+    /// The most threads a block of `function` may have on this device, as its registers and
+    /// shared memory allow.
+    fn max_block_threads(&self, function: &Self::Function) -> Result<u32, String>;
     /// Starts recording the stream's work instead of running it.
     fn begin_recording(&self) -> Result<(), String>;
     /// Stops recording; the graph of what was queued since [`begin_recording`], `None` if

@@ -1,0 +1,88 @@
+//! Launch shapes of the GPU kernels that a chip's host profile tunes (`[kernels]` in
+//! `hosts/<chip>.toml`); the kernels read them from their launch, so one build serves every
+//! value.
+
+use crate::Error;
+
+/// How the GPU kernels are launched on one chip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuTuning {
+    /// Weight rows per block of the matrix-vector kernels, one warp (wave) each.
+    pub matvec_warps: u32,
+    /// Warps (waves) per block of attention, one block per token and query head: they split
+    /// the positions between them. Changing it changes the order in which a head's partial
+    /// sums are merged, so logits move within rounding.
+    pub attention_warps: u32,
+}
+
+impl GpuTuning {
+    /// The most warps per block of any kernel: 1,024 threads. A kernel that holds many
+    /// registers per thread takes fewer on a given device, which the backend checks when it
+    /// loads the kernels.
+    pub const MAX_WARPS: u32 = 32;
+    /// The most warps per block of attention (`ATTENTION_MAX_WARPS`): its shared memory holds
+    /// this many partial results.
+    pub const MAX_ATTENTION_WARPS: u32 = 16;
+
+    /// The values measured best on the lent H200 (README, "CUDA"; `tests/gpu/device-check`
+    /// sweeps them), for a chip without a host profile. Sixteen attention warps decode the
+    /// 1.5B target 1.9x faster than four after 1,024 positions and 1.7% slower from an empty
+    /// context; four matvec warps were as fast as two or eight.
+    pub const DEFAULT: GpuTuning = GpuTuning {
+        matvec_warps: 4,
+        attention_warps: 16,
+    };
+
+    /// Fails when a value is out of the kernels' range.
+    pub fn validate(&self) -> Result<(), Error> {
+        for (name, warps, max) in [
+            ("matvec_warps", self.matvec_warps, Self::MAX_WARPS),
+            (
+                "attention_warps",
+                self.attention_warps,
+                Self::MAX_ATTENTION_WARPS,
+            ),
+        ] {
+            if !(1..=max).contains(&warps) {
+                return Err(Error::Tuning(format!(
+                    "{name} = {warps}: the kernels take 1 to {max} warps per block"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for GpuTuning {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_is_valid_and_out_of_range_values_are_named() {
+        GpuTuning::default().validate().unwrap();
+        let zero = GpuTuning {
+            matvec_warps: 0,
+            ..GpuTuning::DEFAULT
+        };
+        let many = GpuTuning {
+            attention_warps: 17,
+            ..GpuTuning::DEFAULT
+        };
+        assert_eq!(
+            zero.validate().unwrap_err().to_string(),
+            "kernel tuning: matvec_warps = 0: the kernels take 1 to 32 warps per block"
+        );
+        assert!(
+            many.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("kernel tuning: attention_warps = 17")
+        );
+    }
+}
