@@ -124,6 +124,8 @@ pub struct KernelTuning {
     pub matvec_warps: u32,
     /// Warps (waves) per block of attention, one block per token and query head.
     pub attention_warps: u32,
+    /// Up to this many activation rows, a matvec runs its one-row kernel once per row.
+    pub matvec_loop_rows: u32,
 }
 
 /// A target model and what drafts for it.
@@ -578,7 +580,8 @@ mod tests {
         runtime = \"cuda\"\nruntime_version = \"12\"\nkernel_target = \"sm_86\"\nmemory_gib = 24\n";
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
-    const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\n";
+    const KERNELS: &str =
+        "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
         drafter = \"qwen2.5-coder-0.5b-instruct-q4_k_m\"\ndefault = true\n\
         verified = { status = \"unmeasured\" }\n";
@@ -643,7 +646,8 @@ mod tests {
             cuda.kernels(),
             Some(&KernelTuning {
                 matvec_warps: 2,
-                attention_warps: 8
+                attention_warps: 8,
+                matvec_loop_rows: 4,
             })
         );
     }

@@ -239,7 +239,22 @@ fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie() {
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn speculative_greedy_equals_plain_greedy_on_the_device() {
-    let gpu = gpu();
+    for tuning in TUNINGS {
+        speculative_greedy_equals_plain_greedy_with(tuning);
+    }
+}
+
+/// The default launch shapes, and verify steps and small batches through the one-row matvec.
+const TUNINGS: [GpuTuning; 2] = [
+    GpuTuning::DEFAULT,
+    GpuTuning {
+        matvec_loop_rows: 16,
+        ..GpuTuning::DEFAULT
+    },
+];
+
+fn speculative_greedy_equals_plain_greedy_with(tuning: GpuTuning) {
+    let gpu = tuned(tuning);
     let (target_file, drafter_file) = (open(TARGET), open(DRAFTER));
     let target = on(&gpu, &target_file);
     let drafter = on(&gpu, &drafter_file);
@@ -276,7 +291,7 @@ fn speculative_greedy_equals_plain_greedy_on_the_device() {
         }
     }
     println!(
-        "{} prompts, k = 1, 4, 8, drafter and n-gram: identical to plain",
+        "{tuning:?}: {} prompts, k = 1, 4, 8, drafter and n-gram: identical to plain",
         PROMPTS.len()
     );
 }
@@ -284,18 +299,20 @@ fn speculative_greedy_equals_plain_greedy_on_the_device() {
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
-    let gpu = gpu();
     let file = open(TARGET);
-    let model = on(&gpu, &file);
-    let vocab = model.config().vocab;
-    let mut rng = Rng::seeded(7);
-    let sequences: Vec<Vec<u32>> = [5, 23, 1, 40, 9]
-        .iter()
-        .map(|&n| {
-            (0..n)
-                .map(|_| (rng.next_u64() % vocab as u64) as u32)
-                .collect()
-        })
-        .collect();
-    common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
+    for tuning in TUNINGS {
+        let model = on(&tuned(tuning), &file);
+        let vocab = model.config().vocab;
+        let mut rng = Rng::seeded(7);
+        let sequences: Vec<Vec<u32>> = [5, 23, 1, 40, 9, 3]
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                    .collect()
+            })
+            .collect();
+        common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
+        println!("{tuning:?}: each sequence gets its own logits");
+    }
 }

@@ -92,9 +92,13 @@ pub(crate) struct TuningArgs {
     #[arg(long)]
     matvec_warps: Option<u32>,
     /// GPU only: warps (waves) per block of attention [default: the profile's `[kernels]`,
-    /// else 4].
+    /// else 16].
     #[arg(long)]
     attention_warps: Option<u32>,
+    /// GPU only: up to this many activation rows, a matvec runs its one-row kernel once per
+    /// row [default: the profile's `[kernels]`, else 16].
+    #[arg(long)]
+    matvec_loop_rows: Option<u32>,
 }
 
 impl TuningArgs {
@@ -105,19 +109,28 @@ impl TuningArgs {
         profile: Option<&HostProfile>,
         device: Device,
     ) -> anyhow::Result<GpuTuning> {
-        if device == Device::Cpu && (self.matvec_warps.is_some() || self.attention_warps.is_some())
-        {
-            bail!("--matvec-warps and --attention-warps tune the GPU kernels, not --device cpu");
+        let flags = [
+            self.matvec_warps,
+            self.attention_warps,
+            self.matvec_loop_rows,
+        ];
+        if device == Device::Cpu && flags.iter().any(Option::is_some) {
+            bail!(
+                "--matvec-warps, --attention-warps and --matvec-loop-rows tune the GPU kernels, \
+                 not --device cpu"
+            );
         }
         let base = profile
             .and_then(HostProfile::kernels)
             .map_or(GpuTuning::DEFAULT, |k| GpuTuning {
                 matvec_warps: k.matvec_warps,
                 attention_warps: k.attention_warps,
+                matvec_loop_rows: k.matvec_loop_rows,
             });
         Ok(GpuTuning {
             matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
             attention_warps: self.attention_warps.unwrap_or(base.attention_warps),
+            matvec_loop_rows: self.matvec_loop_rows.unwrap_or(base.matvec_loop_rows),
         })
     }
 }
@@ -207,7 +220,7 @@ mod tests {
         let r9700 = HostProfile::embedded("r9700").unwrap();
         let flags = TuningArgs {
             matvec_warps: Some(8),
-            attention_warps: None,
+            ..TuningArgs::default()
         };
         let tuning = flags.resolve(Some(&r9700), Device::Hip).unwrap();
         assert_eq!(tuning.matvec_warps, 8);

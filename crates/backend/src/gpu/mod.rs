@@ -58,8 +58,8 @@ const RECORD_MAX_GRAPHS: usize = 256;
 const QUANT_GROUP: usize = 32;
 /// The most matrices one quantized matvec launch takes (`MatvecPart`s of kernels/cuda/mmv.cu).
 const MATVEC_PARTS: usize = 3;
-/// The most activation rows of the matvec instances that take several matrices (the one-row
-/// and four-row ones); the eight-row instance takes one.
+/// The most activation rows of the four-row matvec instance, which, like the one-row
+/// instance, takes several matrices; the eight-row instance takes one.
 const MATVEC_FUSED_ROWS: usize = 4;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
@@ -311,9 +311,18 @@ impl<R: Runtime> GpuBackend<R> {
         Ok(quantized)
     }
 
+    /// Whether a quantized matvec of `rows` activation rows runs an instance that takes
+    /// several matrices (the one-row and four-row ones).
+    fn fuses_matvecs(&self, rows: usize) -> bool {
+        rows <= MATVEC_FUSED_ROWS.max(self.tuning.matvec_loop_rows as usize)
+    }
+
     /// One matvec launch over `parts`, checked by the caller: a float matrix alone, up to
-    /// [`MATVEC_PARTS`] quantized matrices of one format for at most [`MATVEC_FUSED_ROWS`]
-    /// activation rows, else one; one warp per weight row of them all.
+    /// [`MATVEC_PARTS`] quantized matrices of one format where [`fuses_matvecs`] says so,
+    /// else one; one warp per weight row of them all. The one-row instance takes any number
+    /// of rows, one after another; the host profile's `matvec_loop_rows` says up to how many.
+    ///
+    /// [`fuses_matvecs`]: Self::fuses_matvecs
     fn matvec(
         &self,
         x: &GpuActivations<R>,
@@ -374,10 +383,12 @@ impl<R: Runtime> GpuBackend<R> {
             int(rows),
         ]);
         // The one-row and four-row instances hold fewer registers than the eight-row one.
-        let mmv = match rows {
-            1 => mmv1,
-            2..=MATVEC_FUSED_ROWS => mmv4,
-            _ => &format.mmv,
+        let mmv = if rows <= self.tuning.matvec_loop_rows as usize {
+            mmv1
+        } else if rows <= MATVEC_FUSED_ROWS {
+            mmv4
+        } else {
+            &format.mmv
         };
         let warps = self.tuning.matvec_warps;
         let grid = (weight_rows as u32).div_ceil(warps);
@@ -885,7 +896,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         while let Some(first) = rest.first() {
             // The one-row and four-row instances take up to three quantized matrices of one
             // format (and so, with the width checked above, one row length) in one launch.
-            let together = if first.matrix.format.mmv1.is_some() && rows <= MATVEC_FUSED_ROWS {
+            let together = if first.matrix.format.mmv1.is_some() && self.fuses_matvecs(rows) {
                 rest.iter()
                     .take(MATVEC_PARTS)
                     .take_while(|p| Arc::ptr_eq(&p.matrix.format, &first.matrix.format))
