@@ -58,8 +58,7 @@ const RECORD_MAX_GRAPHS: usize = 256;
 const QUANT_GROUP: usize = 32;
 /// The most matrices one quantized matvec launch takes (`MatvecPart`s of kernels/cuda/mmv.cu).
 const MATVEC_PARTS: usize = 3;
-/// The most activation rows of the four-row matvec instance, which, like the one-row
-/// instance, takes several matrices; the eight-row instance takes one.
+/// The most activation rows of the four-row matvec instance.
 const MATVEC_FUSED_ROWS: usize = 4;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
@@ -311,18 +310,25 @@ impl<R: Runtime> GpuBackend<R> {
         Ok(quantized)
     }
 
-    /// Whether a quantized matvec of `rows` activation rows runs an instance that takes
-    /// several matrices (the one-row and four-row ones).
-    fn fuses_matvecs(&self, rows: usize) -> bool {
-        rows <= MATVEC_FUSED_ROWS.max(self.tuning.matvec_loop_rows as usize)
+    /// The matvec instance of `format` for `rows` activation rows, and whether it takes up to
+    /// [`MATVEC_PARTS`] matrices in one launch. The one-row instance takes any number of rows,
+    /// one after another; the host profile's `matvec_loop_rows` says up to how many. The
+    /// one-row and four-row instances hold fewer registers than the eight-row one and take
+    /// several matrices; the float formats have one instance, for one matrix.
+    fn matvec_instance<'f>(
+        &self,
+        format: &'f FormatKernels<R::Function>,
+        rows: usize,
+    ) -> (&'f R::Function, bool) {
+        match (&format.mmv1, &format.mmv4) {
+            (Some(mmv1), _) if rows <= self.tuning.matvec_loop_rows as usize => (mmv1, true),
+            (_, Some(mmv4)) if rows <= MATVEC_FUSED_ROWS => (mmv4, true),
+            _ => (&format.mmv, false),
+        }
     }
 
-    /// One matvec launch over `parts`, checked by the caller: a float matrix alone, up to
-    /// [`MATVEC_PARTS`] quantized matrices of one format where [`fuses_matvecs`] says so,
-    /// else one; one warp per weight row of them all. The one-row instance takes any number
-    /// of rows, one after another; the host profile's `matvec_loop_rows` says up to how many.
-    ///
-    /// [`fuses_matvecs`]: Self::fuses_matvecs
+    /// One matvec launch over `parts`, checked by the caller and grouped as
+    /// [`matvec_instance`](Self::matvec_instance) allows; one warp per weight row of them all.
     fn matvec(
         &self,
         x: &GpuActivations<R>,
@@ -330,31 +336,30 @@ impl<R: Runtime> GpuBackend<R> {
         parts: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
         let format = &parts[0].matrix.format;
-        let (mmv1, mmv4) = match (&format.mmv1, &format.mmv4) {
-            (Some(mmv1), Some(mmv4)) => (mmv1, mmv4),
-            _ => {
-                let [Projection { matrix, bias, out }] = parts else {
-                    unreachable!("float matrices launch alone");
-                };
-                let grid = (matrix.rows as u32).div_ceil(self.tuning.matvec_warps);
-                return self.launch(
-                    "matmul",
-                    &format.mmv,
-                    grid,
-                    self.tuning.matvec_warps * LANES,
-                    &[
-                        matrix.data.arg(),
-                        (matrix.row_bytes as u64).into(),
-                        int(matrix.rows),
-                        int(matrix.cols),
-                        x.data.arg(),
-                        int(rows),
-                        bias.map_or(NULL, |bias| bias.data.arg()),
-                        out.written(),
-                    ],
-                );
-            }
-        };
+        let (mmv, _) = self.matvec_instance(format, rows);
+        let warps = self.tuning.matvec_warps;
+        if format.mmv1.is_none() {
+            // The float formats take f32 activations.
+            let [Projection { matrix, bias, out }] = parts else {
+                unreachable!("float matrices launch alone");
+            };
+            return self.launch(
+                "matmul",
+                mmv,
+                (matrix.rows as u32).div_ceil(warps),
+                warps * LANES,
+                &[
+                    matrix.data.arg(),
+                    (matrix.row_bytes as u64).into(),
+                    int(matrix.rows),
+                    int(matrix.cols),
+                    x.data.arg(),
+                    int(rows),
+                    bias.map_or(NULL, |bias| bias.data.arg()),
+                    out.written(),
+                ],
+            );
+        }
         let q = self.quantize(x, rows)?;
         let (row_bytes, cols) = (parts[0].matrix.row_bytes, parts[0].matrix.cols);
         let mut weight_rows = 0;
@@ -382,15 +387,6 @@ impl<R: Runtime> GpuBackend<R> {
             q.sums.arg(),
             int(rows),
         ]);
-        // The one-row and four-row instances hold fewer registers than the eight-row one.
-        let mmv = if rows <= self.tuning.matvec_loop_rows as usize {
-            mmv1
-        } else if rows <= MATVEC_FUSED_ROWS {
-            mmv4
-        } else {
-            &format.mmv
-        };
-        let warps = self.tuning.matvec_warps;
         let grid = (weight_rows as u32).div_ceil(warps);
         self.launch("matmul", mmv, grid, warps * LANES, &args)
     }
@@ -894,9 +890,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         }
         let mut rest = projections;
         while let Some(first) = rest.first() {
-            // The one-row and four-row instances take up to three quantized matrices of one
-            // format (and so, with the width checked above, one row length) in one launch.
-            let together = if first.matrix.format.mmv1.is_some() && self.fuses_matvecs(rows) {
+            // Matrices launched together share one format (and so, with the width checked
+            // above, one row length).
+            let (_, several) = self.matvec_instance(&first.matrix.format, rows);
+            let together = if several {
                 rest.iter()
                     .take(MATVEC_PARTS)
                     .take_while(|p| Arc::ptr_eq(&p.matrix.format, &first.matrix.format))
