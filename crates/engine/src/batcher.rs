@@ -24,8 +24,8 @@ use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
 use lucebox_model::{Model, Workspace};
 
 use crate::speculative::{
-    Draft, DraftInput, DraftLength, DraftPolicy, Drafter, MAX_DRAFT, Round, Scores, SpecStats,
-    accept,
+    Draft, DraftLength, DraftPolicy, DraftTiming, Drafter, MAX_DRAFT, Round, Scores, SpecStats,
+    accept, run_drafter,
 };
 use crate::{
     BlockPool, Error, GenerationStats, MAX_TOP_LOGPROBS, Sampler, SequenceBlocks, StopReason,
@@ -177,7 +177,7 @@ struct Planned {
     /// Whether the step ends with a logits row for a new token.
     scored: bool,
     /// For a speculating sequence: the draft length asked for and how long drafting took.
-    drafting: Option<(usize, std::time::Duration)>,
+    drafting: Option<(usize, DraftTiming)>,
 }
 
 /// The drafter and its scratch.
@@ -347,19 +347,13 @@ impl<B: Backend> Batcher<B> {
                 let room = self.config.context - seq.blocks.len();
                 // Nothing is drafted beyond what may still be generated or fit in the context.
                 let k = wanted.min(seq.max_tokens - seq.generated - 1).min(room - 1);
-                let started = Instant::now();
-                spec.draft.clear();
-                if k > 0 {
-                    if spec.last != Some(seq.id) {
-                        spec.drafter.start(seq.sampler.params())?;
-                        spec.last = Some(seq.id);
-                    }
-                    spec.drafter
-                        .propose(&DraftInput::new(&seq.tokens), k, &mut spec.draft)?;
-                    spec.draft.truncate(k);
+                if k > 0 && spec.last != Some(seq.id) {
+                    spec.drafter.start(seq.sampler.params())?;
+                    spec.last = Some(seq.id);
                 }
+                let timing = run_drafter(&mut *spec.drafter, &seq.tokens, k, &mut spec.draft)?;
                 count += spec.draft.len();
-                drafting = Some((k, started.elapsed()));
+                drafting = Some((k, timing));
             }
             if !self.make_room(index, count) {
                 continue;
@@ -478,7 +472,7 @@ impl<B: Backend> Batcher<B> {
                 let greedy = seq.sampler.params().is_plain_greedy();
                 let mut logprobs = None;
                 match (p.drafting, &mut self.speculation) {
-                    (Some((k, draft_time)), Some(spec)) => {
+                    (Some((k, timing)), Some(spec)) => {
                         let rows = p.count;
                         let pending = p.start;
                         seq.tokens.extend_from_slice(spec.draft.tokens());
@@ -499,7 +493,7 @@ impl<B: Backend> Batcher<B> {
                             drafted: spec.draft.len(),
                             accepted,
                             next,
-                            draft_time,
+                            drafting: timing,
                             verify_time: verify_started.elapsed(),
                         };
                         round.record(k, &mut seq.spec, &mut seq.draft_length);

@@ -178,15 +178,29 @@ impl<B: Backend> Session<B> {
     /// kept.
     pub fn feed_reusing(&mut self, tokens: &[u32]) -> Result<usize, Error> {
         let shared = self
-            .tokens
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count()
+            .shared_prefix(tokens)
             .min(tokens.len().saturating_sub(1));
         self.truncate(shared);
         self.feed(&tokens[shared..])?;
         Ok(shared)
+    }
+
+    /// Makes the sequence `tokens` like [`feed_reusing`](Self::feed_reusing), but feeds
+    /// nothing when `tokens` only shortens it: for bringing a cache up to date when no logits
+    /// are wanted yet.
+    pub fn follow(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        let shared = self.shared_prefix(tokens);
+        self.truncate(shared);
+        self.feed(&tokens[shared..])
+    }
+
+    /// How many leading tokens `tokens` shares with the sequence.
+    fn shared_prefix(&self, tokens: &[u32]) -> usize {
+        self.tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
     }
 
     /// Appends `tokens` to the sequence, in chunks of at most `prefill_chunk`, and keeps the

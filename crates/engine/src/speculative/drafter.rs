@@ -102,6 +102,17 @@ pub trait Drafter {
     /// Starts a new sequence, sampled with `params`; it may share a prefix with the last one.
     fn start(&mut self, params: &SamplingParams) -> Result<(), Error>;
 
+    /// Brings whatever state the drafter keeps up to date with `input.tokens` except the last
+    /// one; called before every [`propose`](Self::propose) and timed apart from it. After a
+    /// new prompt, or plain steps with speculation off, this is a prefill that is paid once:
+    /// counted as drafting cost it would make every drafted token look expensive, just when
+    /// the engine decides whether drafting pays. What is left for `propose` is the steady
+    /// cost of a round.
+    fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
+        let _ = input;
+        Ok(())
+    }
+
     /// Proposes up to `max` tokens to follow `input.tokens` into `draft`, which comes empty.
     /// Proposing fewer, or none, is always allowed.
     fn propose(
@@ -163,6 +174,17 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
         Ok(())
     }
 
+    fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
+        let tokens = input.tokens;
+        // The same condition as `propose` having room to draft.
+        if tokens.is_empty() || tokens.len() >= self.session.config().context {
+            return Ok(());
+        }
+        self.session.follow(&tokens[..tokens.len() - 1])
+    }
+
+    /// Feeds the last token (and, when `catch_up` was skipped, whatever else is new), then
+    /// one pass per further drafted token: `max` passes in a round that follows a catch-up.
     fn propose(
         &mut self,
         input: &DraftInput<'_>,
