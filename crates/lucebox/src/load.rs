@@ -84,21 +84,29 @@ impl Device {
 }
 
 /// The flags that override a host profile's `[kernels]` table: how the GPU kernels are
-/// launched, to tune a chip.
+/// launched, to tune a chip. Their help names the backend's defaults, not copies of them.
 #[derive(Debug, Default, clap::Args)]
 pub(crate) struct TuningArgs {
-    /// GPU only: weight rows per block of the matrix-vector kernels, one warp (wave) each
-    /// [default: the profile's `[kernels]`, else 4].
-    #[arg(long)]
+    #[arg(long, help = tuning_help(
+        "weight rows per block of the matrix-vector kernels, one warp (wave) each",
+        GpuTuning::DEFAULT.matvec_warps,
+    ))]
     matvec_warps: Option<u32>,
-    /// GPU only: warps (waves) per block of attention [default: the profile's `[kernels]`,
-    /// else 16].
-    #[arg(long)]
+    #[arg(long, help = tuning_help(
+        "warps (waves) per block of attention",
+        GpuTuning::DEFAULT.attention_warps,
+    ))]
     attention_warps: Option<u32>,
-    /// GPU only: up to this many activation rows, a matvec runs its one-row kernel once per
-    /// row [default: the profile's `[kernels]`, else 16].
-    #[arg(long)]
+    #[arg(long, help = tuning_help(
+        "up to this many activation rows, a matvec runs its one-row kernel once per row",
+        GpuTuning::DEFAULT.matvec_loop_rows,
+    ))]
     matvec_loop_rows: Option<u32>,
+}
+
+/// The help of a tuning flag that sets `what`, `default` without a profile.
+fn tuning_help(what: &str, default: u32) -> String {
+    format!("GPU only: {what} [default: the profile's `[kernels]`, else {default}]")
 }
 
 impl TuningArgs {
