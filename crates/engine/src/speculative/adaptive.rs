@@ -57,6 +57,8 @@ pub struct DraftLength {
     verify_cost: [Average; MAX_DRAFT + 1],
     plain_steps: u32,
     probe_after: u32,
+    /// Whether the last round drafted.
+    drafted_last: bool,
 }
 
 impl DraftLength {
@@ -69,6 +71,7 @@ impl DraftLength {
             verify_cost: [Average::default(); MAX_DRAFT + 1],
             plain_steps: 0,
             probe_after: FIRST_PROBE_AFTER,
+            drafted_last: false,
         }
     }
 
@@ -161,6 +164,7 @@ impl DraftLength {
         verify_time: Duration,
     ) {
         self.verify_cost[drafted.min(MAX_DRAFT)].observe(verify_time.as_secs_f64());
+        self.drafted_last = drafted > 0;
         if drafted == 0 {
             self.plain_steps += 1;
             return;
@@ -190,6 +194,13 @@ impl DraftLength {
     /// match): a plain step that says nothing about acceptance.
     pub fn observe_empty_draft(&mut self, verify_time: Duration) {
         self.verify_cost[0].observe(verify_time.as_secs_f64());
+        self.drafted_last = false;
+    }
+
+    /// Whether the last round drafted: then a drafter's catch-up covers only that round's
+    /// last tokens, a cost every round pays, not a prefill paid once.
+    pub(crate) fn drafted_last_round(&self) -> bool {
+        self.drafted_last
     }
 }
 
