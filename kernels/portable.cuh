@@ -22,3 +22,27 @@
 #define SHFL(v, lane) __shfl_sync(0xffffffffu, (v), (lane))
 #define DP4A(a, b, c) __dp4a((a), (b), (c))
 #endif
+
+// Programmatic dependent launch (CUDA, sm_90 and later; crates/backend/src/cuda.rs): a kernel
+// may start while the one before it in the stream is still running, so that its blocks are
+// resident, and its weights on their way from memory, when that one ends. Every kernel
+// therefore lets the next one start, then waits for the previous one to finish (and its writes
+// to be visible) before it reads anything an earlier kernel wrote or writes anything at all;
+// before the wait it may only read weights, which no kernel writes. Elsewhere (HIP, older
+// NVIDIA architectures) launches are serialised as usual and these are no-ops.
+#if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define START_NEXT_KERNEL() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define WAIT_FOR_PREVIOUS_KERNEL() asm volatile("griddepcontrol.wait;" ::: "memory")
+// Asks for the 128-byte line at p to be brought into L2, without waiting for it.
+#define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
+#else
+#define START_NEXT_KERNEL() ((void)0)
+#define WAIT_FOR_PREVIOUS_KERNEL() ((void)0)
+#define PREFETCH_L2(p) ((void)(p))
+#endif
+// The start of every kernel that prefetches nothing.
+#define AFTER_PREVIOUS_KERNEL() \
+    do {                        \
+        START_NEXT_KERNEL();    \
+        WAIT_FOR_PREVIOUS_KERNEL(); \
+    } while (0)

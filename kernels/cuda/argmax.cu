@@ -17,6 +17,7 @@ static __device__ __forceinline__ void better(float *value, unsigned *index, flo
 extern "C" __global__ void argmax_rows(const float *x, int cols, unsigned *out) {
     __shared__ float values[ARGMAX_THREADS];
     __shared__ unsigned indices[ARGMAX_THREADS];
+    AFTER_PREVIOUS_KERNEL();
     const float *row = x + (size_t)blockIdx.x * cols;
     float best = -INFINITY;
     unsigned index = 0xffffffffu;

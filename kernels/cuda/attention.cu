@@ -9,6 +9,7 @@ extern "C" __global__ void store_kv(const float *k, const float *v, const unsign
                                     const unsigned *table_offsets, const unsigned *block_ids,
                                     int block_tokens, int width, __half *k_cache,
                                     __half *v_cache) {
+    AFTER_PREVIOUS_KERNEL();
     store_row(k, v, positions, table_offsets, block_ids, block_tokens, width, k_cache, v_cache,
               blockIdx.x);
 }
@@ -36,6 +37,7 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
     __shared__ float acc_shared[ATTENTION_MAX_WARPS][ATTENTION_MAX_HEAD_DIM];
     __shared__ float max_shared[ATTENTION_MAX_WARPS], sum_shared[ATTENTION_MAX_WARPS];
     __shared__ float factor_shared[ATTENTION_MAX_WARPS];
+    AFTER_PREVIOUS_KERNEL();
     const int t = blockIdx.x / heads, head = blockIdx.x % heads;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;

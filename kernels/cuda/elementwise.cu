@@ -7,6 +7,7 @@
 // quantized for the matvec that takes it: each warp's 32 consecutive values are one group.
 extern "C" __global__ void silu_mul(float *gate, const float *up, unsigned long long n,
                                     QuantizedOut quantized) {
+    AFTER_PREVIOUS_KERNEL();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const float g = gate[i];
@@ -19,6 +20,7 @@ extern "C" __global__ void silu_mul(float *gate, const float *up, unsigned long 
 }
 
 extern "C" __global__ void add(float *x, const float *y, unsigned long long n) {
+    AFTER_PREVIOUS_KERNEL();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         x[i] += y[i];
@@ -28,6 +30,7 @@ extern "C" __global__ void add(float *x, const float *y, unsigned long long n) {
 // out[i] = x[rows[i]]: one block per gathered row.
 extern "C" __global__ void gather_rows(const float *x, const unsigned *rows, int cols,
                                        float *out) {
+    AFTER_PREVIOUS_KERNEL();
     const float *src = x + (size_t)rows[blockIdx.x] * cols;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         out[(size_t)blockIdx.x * cols + j] = src[j];

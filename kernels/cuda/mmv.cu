@@ -303,6 +303,12 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
         }
     }
     const uint8_t *w_row = part.w + (size_t)row * row_bytes;
+    START_NEXT_KERNEL();
+    // The row's weights are on their way while the kernel before finishes.
+    for (unsigned long long line = 128 * lane; line < row_bytes; line += 128 * WARP_SIZE) {
+        PREFETCH_L2(w_row + line);
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
     const float b = part.bias ? part.bias[row] : 0.0f;
     const int spans = cols / SPAN;
     for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
@@ -331,6 +337,7 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
 template <typename Block>
 static __device__ void mmv_f32(const uint8_t *w, unsigned long long row_bytes, int rows, int cols,
                                const float *x, int tokens, const float *bias, float *out) {
+    AFTER_PREVIOUS_KERNEL();
     const int lane = threadIdx.x % WARP_SIZE;
     const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     if (row >= rows) {
@@ -358,6 +365,7 @@ static __device__ void mmv_f32(const uint8_t *w, unsigned long long row_bytes, i
 template <typename Block>
 static __device__ void get_rows(const uint8_t *table, unsigned long long row_bytes, int cols,
                                 const unsigned *tokens, float *out) {
+    AFTER_PREVIOUS_KERNEL();
     const int t = blockIdx.x;
     const uint8_t *row = table + (size_t)tokens[t] * row_bytes;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {

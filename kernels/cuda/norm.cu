@@ -20,6 +20,7 @@
 extern "C" __global__ void rms_norm(float *x, const float *y, const float *weight, float eps,
                                     int cols, float *out, QuantizedOut quantized) {
     __shared__ float partial[NORM_WARPS];
+    AFTER_PREVIOUS_KERNEL();
     const long long r = blockIdx.x;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     float *row = x + r * cols;
@@ -73,6 +74,7 @@ extern "C" __global__ void rms_norm(float *x, const float *y, const float *weigh
 // Heads of `head_dim` values, `heads` in all (rows times heads per row); one warp each.
 extern "C" __global__ void rms_norm_heads(float *x, const float *weight, float eps, int head_dim,
                                           int heads) {
+    AFTER_PREVIOUS_KERNEL();
     const int head = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (head >= heads) {

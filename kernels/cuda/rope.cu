@@ -25,6 +25,7 @@ static __device__ __forceinline__ void rotate_row(float *x, const float *cos_tab
 // One block per token.
 extern "C" __global__ void rope(float *x, const float *cos_table, const float *sin_table,
                                 int cols, int head_dim, int rotary_dims, int neox) {
+    AFTER_PREVIOUS_KERNEL();
     rotate_row(x, cos_table, sin_table, blockIdx.x, cols, head_dim, rotary_dims, neox);
 }
 
@@ -36,6 +37,7 @@ extern "C" __global__ void rope_store_kv(float *q, float *k, const float *v,
                                          int neox, const unsigned *positions,
                                          const unsigned *table_offsets, const unsigned *block_ids,
                                          int block_tokens, __half *k_cache, __half *v_cache) {
+    AFTER_PREVIOUS_KERNEL();
     const int t = blockIdx.x;
     rotate_row(q, cos_table, sin_table, t, q_cols, head_dim, rotary_dims, neox);
     rotate_row(k, cos_table, sin_table, t, kv_cols, head_dim, rotary_dims, neox);

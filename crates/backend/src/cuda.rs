@@ -2,12 +2,21 @@
 //! binary built without CUDA runs anywhere. [`CudaBackend::new`] checks for the driver, the
 //! device and a kernel image built for exactly the device's architecture before anything else
 //! touches CUDA, and says which is missing.
+//!
+//! On sm_90 and later, with a driver of CUDA 12.3 or newer, short passes launch each kernel with
+//! programmatic stream serialisation (programmatic dependent launch): it may start while the
+//! previous kernel finishes, so its blocks are resident and its weights on their way when that
+//! kernel ends. `LUCEBOX_CUDA_PDL=0` turns this off. sm_86 has no such launch; sm_120 has it, but
+//! only sm_90 has run it.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{
+    CUdevice_attribute, CUgraphInstantiate_flags, CUlaunchAttribute, CUlaunchAttributeID,
+    CUlaunchAttributeValue, CUlaunchConfig, CUstreamCaptureMode,
+};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
 };
@@ -25,7 +34,18 @@ include!(concat!(env!("OUT_DIR"), "/cuda_kernels.rs"));
 #[derive(Debug)]
 pub struct Cuda {
     stream: Arc<CudaStream>,
+    /// Whether launches asked to overlap do (programmatic dependent launch): the kernels wait
+    /// for their inputs themselves (kernels/portable.cuh).
+    overlap_launches: bool,
 }
+
+/// Set to `0`, launches do not overlap even where the device could (for measuring the gain).
+const OVERLAP_VAR: &str = "LUCEBOX_CUDA_PDL";
+
+/// The first architecture with programmatic dependent launch, and the first driver that
+/// records such launches into graphs.
+const OVERLAP_MIN_SM: u32 = 90;
+const OVERLAP_MIN_DRIVER: i32 = 12030;
 
 impl Sealed for Cuda {}
 
@@ -76,24 +96,58 @@ impl Runtime for Cuda {
         grid: u32,
         block: u32,
         args: &[KernelArg],
+        overlap: bool,
     ) -> Result<(), String> {
         let mut params: Vec<*mut c_void> = args.iter().map(KernelArg::as_ptr).collect();
         self.stream
             .context()
             .bind_to_thread()
             .map_err(|e| e.to_string())?;
-        // SAFETY: the function and stream are live, the parameters point at `args`, which
-        // outlive the call (the driver copies them), and the caller vouches for their types.
+        if !(overlap && self.overlap_launches) {
+            // SAFETY: the function and stream are live, the parameters point at `args`, which
+            // outlive the call (the driver copies them), and the caller vouches for their types.
+            return unsafe {
+                cudarc::driver::result::launch_kernel(
+                    function.cu_function(),
+                    (grid, 1, 1),
+                    (block, 1, 1),
+                    0,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            }
+            .map_err(|e| e.to_string());
+        }
+        let mut value = CUlaunchAttributeValue { pad: [0; 64] };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut overlap = CUlaunchAttribute {
+            id: CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut overlap,
+            numAttrs: 1,
+        };
+        // SAFETY: as above; `config` and the attribute it points at outlive the call, and the
+        // driver is recent enough to have the entry point (checked when the runtime started).
         unsafe {
-            cudarc::driver::result::launch_kernel(
+            cudarc::driver::sys::cuLaunchKernelEx(
+                &config,
                 function.cu_function(),
-                (grid, 1, 1),
-                (block, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                &mut params,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         }
+        .result()
         .map_err(|e| e.to_string())
     }
 
@@ -154,14 +208,23 @@ impl GpuBackend<Cuda> {
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
             ))
             .map(|(khz, bits)| 2.0 * khz * 1e3 * bits / 8.0);
-        let device = format!("{name}, sm_{sm}");
+        let overlap_launches = sm >= OVERLAP_MIN_SM
+            && driver_version().is_some_and(|v| v >= OVERLAP_MIN_DRIVER)
+            && std::env::var_os(OVERLAP_VAR).is_none_or(|v| v != "0");
+        let device = format!(
+            "{name}, sm_{sm}{}",
+            if overlap_launches { ", PDL" } else { "" }
+        );
         let modules = load_modules(&ctx, sm).map_err(|why| fail(format!("{device}: {why}")))?;
         // SAFETY: every operation of this backend runs on its one stream, in issue order, so
         // cudarc's per-buffer events (for work on several streams) are not needed.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(describe)?;
         GpuBackend::start(
-            Cuda { stream },
+            Cuda {
+                stream,
+                overlap_launches,
+            },
             device,
             peak_bandwidth,
             tuning,
@@ -174,6 +237,16 @@ impl GpuBackend<Cuda> {
             },
         )
     }
+}
+
+/// The driver's CUDA version (12030 for 12.3), when it says.
+fn driver_version() -> Option<i32> {
+    let mut version = 0;
+    // SAFETY: writes one int; the driver library was found before any call.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .ok()
+        .map(|()| version)
 }
 
 /// The images built for exactly `sm`, loaded, by family; the reason when there are none.

@@ -262,6 +262,8 @@ impl Runtime for Hip {
         grid: u32,
         block: u32,
         args: &[KernelArg],
+        // HIP has no launch that overlaps its predecessor: kernels run in turn.
+        _overlap: bool,
     ) -> Result<(), String> {
         let mut params: Vec<*mut c_void> = args.iter().map(KernelArg::as_ptr).collect();
         // SAFETY: the function and stream are live, the parameters point at `args`, which

@@ -29,7 +29,9 @@ pub trait Runtime: Send + Sync + Sized + sealed::Sealed + 'static {
     fn upload(&self, dst: &mut Self::Buffer, src: &[u8]) -> Result<(), String>;
     /// Copies the start of `src` to `dst` once the work queued before has run.
     fn download(&self, src: &Self::Buffer, dst: &mut [u8]) -> Result<(), String>;
-    /// Queues `function` over `grid` blocks of `block` threads.
+    /// Queues `function` over `grid` blocks of `block` threads. With `overlap`, where the
+    /// device can, the kernel may start before the one queued before it has finished: every
+    /// kernel waits for its predecessor before touching what it wrote (kernels/portable.cuh).
     ///
     /// # Safety
     /// `args` must match the kernel's parameters in number, order and type, and every address
@@ -40,6 +42,7 @@ pub trait Runtime: Send + Sync + Sized + sealed::Sealed + 'static {
         grid: u32,
         block: u32,
         args: &[KernelArg],
+        overlap: bool,
     ) -> Result<(), String>;
     /// The most threads a block of `function` may have on this device, as its registers and
     /// shared memory allow.
