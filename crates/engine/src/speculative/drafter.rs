@@ -104,10 +104,9 @@ pub trait Drafter {
 
     /// Brings whatever state the drafter keeps up to date with `input.tokens` except the last
     /// one; called before every [`propose`](Self::propose) and timed apart from it. After a
-    /// new prompt, or plain steps with speculation off, this is a prefill that is paid once:
-    /// counted as drafting cost it would make every drafted token look expensive, just when
-    /// the engine decides whether drafting pays. What is left for `propose` is the steady
-    /// cost of a round.
+    /// new prompt, or plain steps with speculation off, this is a prefill paid once: counted
+    /// as drafting cost it would make every drafted token look expensive, just when the engine
+    /// decides whether drafting pays. Between drafting rounds it is part of their price.
     fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
         let _ = input;
         Ok(())
