@@ -24,7 +24,7 @@
 //! Implement [`Drafter`]: `propose` gets the sequence and fills a [`Draft`] with tokens and the
 //! distribution each was drawn from ([`Draft::push_certain`] for a deterministic guess); a
 //! drafter with a cache brings it up to date in `catch_up`, which the draft-length control
-//! does not count as the price of drafted tokens. A block
+//! counts as the price of drafted tokens only between drafting rounds. A block
 //! drafter in the style of DFlash, which proposes a whole block in one forward pass conditioned
 //! on the target's hidden states, fits the same call: the states become a field of
 //! [`DraftInput`], filled from the verify pass (the target's forward pass would keep the rows of
@@ -231,7 +231,8 @@ impl<B: Backend> Speculator<B> {
 /// Where a round's drafting time went.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct DraftTiming {
-    /// [`Drafter::catch_up`]: paid once after a prompt or plain steps, not per drafted token.
+    /// [`Drafter::catch_up`]: a prefill paid once after a prompt or plain steps, a round's
+    /// last tokens between drafting rounds.
     pub catch_up: Duration,
     /// [`Drafter::propose`]: the steady cost of drafting.
     pub propose: Duration,
