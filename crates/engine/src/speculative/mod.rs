@@ -198,9 +198,12 @@ impl<B: Backend> Speculator<B> {
     /// One round: drafts up to `k` tokens after `pending`, verifies them with the target and
     /// drops the rejected ones from its cache.
     fn round(&mut self, pending: u32, k: usize, sampler: &mut Sampler) -> Result<Round, Error> {
-        self.sequence.clear();
-        self.sequence.extend_from_slice(self.target.tokens());
-        self.sequence.push(pending);
+        // A plain step (k = 0) asks the drafter nothing: the sequence is not copied for it.
+        if k > 0 {
+            self.sequence.clear();
+            self.sequence.extend_from_slice(self.target.tokens());
+            self.sequence.push(pending);
+        }
         let timing = run_drafter(&mut *self.drafter, &self.sequence, k, &mut self.draft)?;
 
         let verify_started = Instant::now();
