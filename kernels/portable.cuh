@@ -41,8 +41,8 @@
 #define PREFETCH_L2(p) ((void)(p))
 #endif
 // The start of every kernel that prefetches nothing.
-#define AFTER_PREVIOUS_KERNEL() \
-    do {                        \
-        START_NEXT_KERNEL();    \
+#define AFTER_PREVIOUS_KERNEL()     \
+    do {                            \
+        START_NEXT_KERNEL();        \
         WAIT_FOR_PREVIOUS_KERNEL(); \
     } while (0)

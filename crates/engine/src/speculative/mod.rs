@@ -379,11 +379,16 @@ mod tests {
         }
     }
 
+    /// A control that has measured a 10 ms plain step, and empty statistics.
+    fn after_a_plain_step() -> (DraftLength, SpecStats) {
+        let mut control = DraftLength::new(4);
+        control.observe(0, 0, Duration::ZERO, Duration::from_millis(10));
+        (control, SpecStats::default())
+    }
+
     #[test]
     fn a_drafter_s_prefill_counts_in_the_statistics_but_not_as_the_price_of_drafts() {
-        let mut control = DraftLength::new(4);
-        let mut spec = SpecStats::default();
-        control.observe(0, 0, Duration::ZERO, Duration::from_millis(10));
+        let (mut control, mut spec) = after_a_plain_step();
         // The first round after a long prompt: the drafter's prefill took a second.
         round(1000, 12).record(2, &mut spec, &mut control);
         assert_eq!(spec.draft_time, Duration::from_millis(1012));
@@ -395,9 +400,7 @@ mod tests {
 
     #[test]
     fn a_drafter_s_catch_up_between_drafting_rounds_is_part_of_their_price() {
-        let mut control = DraftLength::new(4);
-        let mut spec = SpecStats::default();
-        control.observe(0, 0, Duration::ZERO, Duration::from_millis(10));
+        let (mut control, mut spec) = after_a_plain_step();
         round(0, 12).record(2, &mut spec, &mut control);
         // Plain steps take 10 ms, a drafter pass 6 ms, verifying two drafts 12 ms: rounds of
         // two drafts, both accepted, would give 3 tokens in 24 ms, but each also feeds the
