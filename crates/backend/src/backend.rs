@@ -223,6 +223,13 @@ pub trait Backend: Send + Sync + 'static {
     where
         F: FnOnce(&mut Self::KvCache) -> Result<(), Error>;
 
+    /// How many passes [`run_pass`](Backend::run_pass) has recorded so far. A pass that
+    /// recorded took longer than its replays will, so callers that time passes to choose what
+    /// to run next (the speculative draft length) leave such a pass out.
+    fn passes_recorded(&self) -> u64 {
+        0
+    }
+
     /// `out[t] = table[token t]` for every token of the batch.
     fn embed(
         &self,

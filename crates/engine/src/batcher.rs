@@ -461,7 +461,8 @@ impl<B: Backend> Batcher<B> {
 
     /// Chooses the scored sequences' tokens from the forward pass, emits them, and retires the
     /// sequences that finished.
-    fn commit(&mut self, verify_started: Instant, events: &mut Vec<Event>) {
+    /// `passes_recorded` is the backend's count from before this step's drafting.
+    fn commit(&mut self, verify_started: Instant, passes_recorded: u64, events: &mut Vec<Event>) {
         let vocab = self.model.config().vocab;
         let mut row = 0;
         let mut finished = Vec::new();
@@ -495,6 +496,8 @@ impl<B: Backend> Batcher<B> {
                             next,
                             drafting: timing,
                             verify_time: verify_started.elapsed(),
+                            recorded_a_pass: self.model.backend().passes_recorded()
+                                != passes_recorded,
                         };
                         round.record(k, &mut seq.spec, &mut seq.draft_length);
                         row += rows;
@@ -638,6 +641,7 @@ where
 
     fn step(&mut self, events: &mut Vec<Event>) -> Result<(), Error> {
         self.plan.clear();
+        let passes_recorded = self.model.backend().passes_recorded();
         let preemptions = self.preemptions;
         let budget = self.plan_running()?;
         // A pool that was just short takes nobody new: a preempted sequence re-admitted at
@@ -650,7 +654,7 @@ where
         }
         let started = Instant::now();
         self.forward()?;
-        self.commit(started, events);
+        self.commit(started, passes_recorded, events);
         Ok(())
     }
 

@@ -87,6 +87,8 @@ pub struct GpuBackend<R: Runtime> {
     /// Whether the launches being issued may overlap the kernel before them: set by `run_pass`
     /// for the pass it runs ([`OVERLAP_MAX_TOKENS`]), off outside passes.
     overlap: AtomicBool,
+    /// [`Backend::passes_recorded`].
+    passes_recorded: AtomicU64,
 }
 
 impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
@@ -215,6 +217,7 @@ impl<R: Runtime> GpuBackend<R> {
             tuning,
             argmax: Mutex::new(None),
             overlap: AtomicBool::new(false),
+            passes_recorded: AtomicU64::new(0),
         })
     }
 
@@ -802,12 +805,18 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
                 // A graph keeps each launch as it was recorded, overlap included.
-                entry.insert(self.overlapping(shape, || self.record(cache, enqueue))?)
+                let graph = self.overlapping(shape, || self.record(cache, enqueue))?;
+                self.passes_recorded.fetch_add(1, Ordering::Relaxed);
+                entry.insert(graph)
             }
         };
         self.runtime
             .replay(graph)
             .map_err(device_error::<R>("replay"))
+    }
+
+    fn passes_recorded(&self) -> u64 {
+        self.passes_recorded.load(Ordering::Relaxed)
     }
 
     fn embed(

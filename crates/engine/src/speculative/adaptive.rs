@@ -164,13 +164,21 @@ impl DraftLength {
         verify_time: Duration,
     ) {
         self.verify_cost[drafted.min(MAX_DRAFT)].observe(verify_time.as_secs_f64());
+        if drafted > 0 {
+            self.draft_cost
+                .observe(draft_time.as_secs_f64() / drafted as f64);
+        }
+        self.observe_untimed(drafted, accepted);
+    }
+
+    /// Records a round whose times say nothing of the steady costs (a pass of it was recorded
+    /// as a graph, a one-off cost): what was accepted only.
+    pub fn observe_untimed(&mut self, drafted: usize, accepted: usize) {
         self.drafted_last = drafted > 0;
         if drafted == 0 {
             self.plain_steps += 1;
             return;
         }
-        self.draft_cost
-            .observe(draft_time.as_secs_f64() / drafted as f64);
         // Each accepted token is a success; a rejection (when there was one) a failure.
         for _ in 0..accepted {
             self.acceptance.observe(1.0);
@@ -191,9 +199,12 @@ impl DraftLength {
     }
 
     /// Records a round in which the drafter had nothing to propose (n-gram lookup without a
-    /// match): a plain step that says nothing about acceptance.
-    pub fn observe_empty_draft(&mut self, verify_time: Duration) {
-        self.verify_cost[0].observe(verify_time.as_secs_f64());
+    /// match): a plain step that says nothing about acceptance, and whose time, when it is
+    /// given, is a plain step's cost.
+    pub fn observe_empty_draft(&mut self, verify_time: Option<Duration>) {
+        if let Some(time) = verify_time {
+            self.verify_cost[0].observe(time.as_secs_f64());
+        }
         self.drafted_last = false;
     }
 

@@ -198,6 +198,7 @@ impl<B: Backend> Speculator<B> {
     /// One round: drafts up to `k` tokens after `pending`, verifies them with the target and
     /// drops the rejected ones from its cache.
     fn round(&mut self, pending: u32, k: usize, sampler: &mut Sampler) -> Result<Round, Error> {
+        let recorded = self.target.model().backend().passes_recorded();
         // A plain step (k = 0) asks the drafter nothing: the sequence is not copied for it.
         if k > 0 {
             self.sequence.clear();
@@ -227,6 +228,7 @@ impl<B: Backend> Speculator<B> {
             next,
             drafting: timing,
             verify_time: verify_started.elapsed(),
+            recorded_a_pass: self.target.model().backend().passes_recorded() != recorded,
         })
     }
 }
@@ -333,13 +335,16 @@ pub(crate) struct Round {
     pub next: u32,
     pub drafting: DraftTiming,
     pub verify_time: Duration,
+    /// Whether a forward pass of the round, the drafter's or the target's, was recorded as a
+    /// graph ([`Backend::passes_recorded`]): then its times include that one-off cost.
+    pub recorded_a_pass: bool,
 }
 
 impl Round {
     /// Counts this round, which asked for `k` drafted tokens, in `spec` and `control`. The
     /// statistics count all the time spent drafting; the control the steady cost only: the
     /// catch-up after a drafting round (the last drafted token, when all were accepted) but
-    /// not the one after a new prompt or plain steps.
+    /// not the one after a new prompt or plain steps; and none of a round that recorded a pass.
     pub(crate) fn record(&self, k: usize, spec: &mut SpecStats, control: &mut DraftLength) {
         spec.record_round(self.drafted, self.accepted);
         spec.draft_time += self.drafting.catch_up + self.drafting.propose;
@@ -350,7 +355,9 @@ impl Round {
             Duration::ZERO
         };
         if self.drafted == 0 && k > 0 {
-            control.observe_empty_draft(self.verify_time);
+            control.observe_empty_draft((!self.recorded_a_pass).then_some(self.verify_time));
+        } else if self.recorded_a_pass {
+            control.observe_untimed(self.drafted, self.accepted);
         } else {
             control.observe(
                 self.drafted,
@@ -376,6 +383,7 @@ mod tests {
                 propose: Duration::from_millis(propose),
             },
             verify_time: Duration::from_millis(12),
+            recorded_a_pass: false,
         }
     }
 
@@ -409,5 +417,26 @@ mod tests {
             round(6, 12).record(2, &mut spec, &mut control);
         }
         assert_eq!(control.choose(), 0, "speculation turns off");
+    }
+    #[test]
+    fn a_round_that_recorded_a_graph_counts_in_the_statistics_but_not_in_the_costs() {
+        // Verifying two drafts took a second: as the pass was recorded, or as it runs.
+        let slow = |recorded_a_pass| Round {
+            verify_time: Duration::from_millis(1000),
+            recorded_a_pass,
+            ..round(0, 12)
+        };
+        let (mut control, mut spec) = after_a_plain_step();
+        slow(true).record(2, &mut spec, &mut control);
+        assert_eq!(spec.verify_time, Duration::from_millis(1000));
+        round(0, 12).record(2, &mut spec, &mut control);
+        assert!(
+            control.choose() > 0,
+            "the recording is not the price of drafts"
+        );
+        let (mut control, mut spec) = after_a_plain_step();
+        slow(false).record(2, &mut spec, &mut control);
+        round(0, 12).record(2, &mut spec, &mut control);
+        assert_eq!(control.choose(), 0, "a slow pass that recorded nothing is");
     }
 }
