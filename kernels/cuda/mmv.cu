@@ -1,21 +1,23 @@
 // Quantized matrix times activations, for any number of activation rows (decode, verify and
 // prefill alike), and the row gather that embeds tokens. Weights stay in their GGUF blocks.
 //
-// mmv: one warp per weight row, as many rows per block as the launch has warps (the host
-// profile's matvec_warps). A row is cut into spans of 32 elements; lane i takes spans i,
-// i + 32, ..., decodes each once into registers and multiplies it with up to MMV_TOKENS
-// activation rows. A warp needs no shared memory and no barrier, so a
+// mmv: one warp per weight row (several for a wide one: mmv_q8_split), as many rows per block
+// as the host profile's matvec_warps. A row is cut into spans of 32 elements; lane i takes spans
+// i, i + 32, ..., decodes each once into registers and multiplies it with up to MMV_TOKENS
+// activation rows. The warp of an unsplit row needs no shared memory and no barrier, so a
 // decode step's small matrices run as one wave of independent loads.
 //
 // The quantized formats multiply integers: the activations come quantized in groups of 32, in
 // two 8-bit parts (quantize.cu), a span is two runs of 16 quants packed four to an int, and each
-// run's dot product with each part is four DP4A instructions; the scales apply once per run. The K-quants map their
-// spans onto their own layout (one 16-byte load of packed quants, each sub-block's scale
-// decoded once). The float formats (f32, f16) multiply f32 activations.
+// run's dot product with each part is four DP4A instructions; the scales apply once per run.
+// The K-quants map their spans onto their own layout (one 16-byte load of packed quants, each
+// sub-block's scale decoded once). The float formats (f32, f16) multiply f32 activations.
 
 #include "quant.cuh"
 
 #define MMV_TOKENS 8
+// The most warps of a matvec block (1,024 threads).
+#define MMV_MAX_WARPS 32
 #define SPAN 32
 
 // A lane's 32 weights of one span, as two runs of 16 quants packed four to an int (byte i of
@@ -255,6 +257,29 @@ static __device__ __forceinline__ void write_sums(const float acc[TOKENS], int n
     }
 }
 
+// Adds to acc[t] (t < n) this lane's spans s = first, first + 32, ... below last of w_row, times
+// activation row t0 + t. The loop is not unrolled: see mmv_q8.
+template <typename Block, int TOKENS>
+static __device__ __forceinline__ void dot_spans(float acc[TOKENS], const uint8_t *w_row,
+                                                 int first, int last, int cols,
+                                                 const signed char *x_hi, const signed char *x_lo,
+                                                 const float2 *x_scales, const float *x_sums,
+                                                 int t0, int n) {
+#pragma unroll 1
+    for (int s = first; s < last; s += WARP_SIZE) {
+        const QSpan sp = qspan<Block>(w_row, s);
+#pragma unroll
+        for (int t = 0; t < TOKENS; t++) {
+            if (t < n) {
+                const size_t r = t0 + t;
+                const QuantizedRow x = {x_hi + r * cols, x_lo + r * cols,
+                                        x_scales + r * (cols / SPAN), x_sums + r * (cols / 16)};
+                acc[t] += qspan_dot(sp, x);
+            }
+        }
+    }
+}
+
 // One of the matrices a quantized matvec launch covers: `rows` rows at w, each with its bias
 // (if any), written to out.
 struct MatvecPart {
@@ -314,21 +339,70 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
     for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
         const int n = min(TOKENS, tokens - t0);
         float acc[TOKENS] = {0};
-        // Not unrolled: see above.
-#pragma unroll 1
-        for (int s = lane; s < spans; s += WARP_SIZE) {
-            const QSpan sp = qspan<Block>(w_row, s);
+        dot_spans<Block, TOKENS>(acc, w_row, lane, spans, cols, x_hi, x_lo, x_scales, x_sums, t0,
+                                 n);
+        write_sums<TOKENS>(acc, n, t0, part.rows, row, b, part.out);
+    }
+}
+
+// mmv_q8 for one matrix whose rows are wider than `split_spans` spans (the feed-forward's down
+// projection: 280 spans in the 1.5B): each row is cut into pieces of that many spans, one warp
+// each, so that it is not one warp's long chain of dependent loads, and the row's first warp
+// adds the pieces' sums in order, plus the bias. A block holds whole rows. The host derives
+// `split_spans` from the width alone, so every instance sums a row in the same order, as
+// mmv_q8 does for unsplit rows.
+template <typename Block, int TOKENS>
+static __device__ void mmv_q8_split(const MatvecPart part, unsigned long long row_bytes, int cols,
+                                    int split_spans, const signed char *x_hi,
+                                    const signed char *x_lo, const float2 *x_scales,
+                                    const float *x_sums, int tokens) {
+    __shared__ float partials[MMV_MAX_WARPS][TOKENS];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int spans = cols / SPAN;
+    const int split = (spans + split_spans - 1) / split_spans;
+    const int piece = warp % split;
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE / split) + warp / split;
+    // A warp past the last row still meets the block's barriers, with nothing to add.
+    const bool valid = row < part.rows;
+    const int first = piece * split_spans;
+    const int last = valid ? min(spans, first + split_spans) : first;
+    const uint8_t *w_row = part.w + (size_t)row * row_bytes;
+    START_NEXT_KERNEL();
+    // The warp's piece of the row is on its way while the kernel before finishes.
+    if (valid) {
+        constexpr int SPANS_PER_BLOCK = Block::QK / SPAN;
+        const size_t from = (size_t)(first / SPANS_PER_BLOCK) * Block::BYTES;
+        const size_t to = (size_t)((last + SPANS_PER_BLOCK - 1) / SPANS_PER_BLOCK) * Block::BYTES;
+        for (size_t line = from + 128 * lane; line < to; line += 128 * WARP_SIZE) {
+            PREFETCH_L2(w_row + line);
+        }
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
+    const float b = valid && part.bias ? part.bias[row] : 0.0f;
+    for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
+        const int n = min(TOKENS, tokens - t0);
+        float acc[TOKENS] = {0};
+        dot_spans<Block, TOKENS>(acc, w_row, first + lane, last, cols, x_hi, x_lo, x_scales,
+                                 x_sums, t0, n);
 #pragma unroll
-            for (int t = 0; t < TOKENS; t++) {
-                if (t < n) {
-                    const size_t r = t0 + t;
-                    const QuantizedRow x = {x_hi + r * cols, x_lo + r * cols,
-                                            x_scales + r * (cols / SPAN), x_sums + r * (cols / 16)};
-                    acc[t] += qspan_dot(sp, x);
-                }
+        for (int t = 0; t < TOKENS; t++) {
+            const float sum = warp_sum(acc[t]);
+            if (lane == 0) {
+                partials[warp][t] = sum;
             }
         }
-        write_sums<TOKENS>(acc, n, t0, part.rows, row, b, part.out);
+        __syncthreads();
+        if (valid && piece == 0 && lane == 0) {
+            for (int t = 0; t < n; t++) {
+                float sum = partials[warp][t];
+                for (int q = 1; q < split; q++) {
+                    sum += partials[warp + q][t];
+                }
+                part.out[(size_t)(t0 + t) * part.rows + row] = sum + b;
+            }
+        }
+        // The next tokens' sums reuse `partials`.
+        __syncthreads();
     }
 }
 
@@ -385,10 +459,23 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
                                      {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,    \
                                      x_scales, x_sums, tokens);                                \
     }
+// The same as `symbol`, for rows split into pieces of split_spans spans.
+#define SPLIT_INSTANCE(symbol, Block, TOKENS)                                                  \
+    extern "C" __global__ void symbol(const uint8_t *w, int rows, const float *bias,           \
+                                      float *out, unsigned long long row_bytes, int cols,      \
+                                      int split_spans, const signed char *x_hi,                \
+                                      const signed char *x_lo, const float2 *x_scales,         \
+                                      const float *x_sums, int tokens) {                       \
+        mmv_q8_split<Block, TOKENS>({w, rows, bias, out}, row_bytes, cols, split_spans, x_hi,  \
+                                    x_lo, x_scales, x_sums, tokens);                           \
+    }
 #define QUANT_INSTANCES(name, Block)                                                           \
     QUANT_INSTANCE(mmv_##name, Block, MMV_TOKENS, 1)                                           \
     QUANT_INSTANCE(mmv1_##name, Block, 1, 3)                                                   \
-    QUANT_INSTANCE(mmv4_##name, Block, 4, 3)
+    QUANT_INSTANCE(mmv4_##name, Block, 4, 3)                                                   \
+    SPLIT_INSTANCE(mmvs_##name, Block, MMV_TOKENS)                                             \
+    SPLIT_INSTANCE(mmv1s_##name, Block, 1)                                                     \
+    SPLIT_INSTANCE(mmv4s_##name, Block, 4)
 #define FLOAT_INSTANCES(name, Block)                                                           \
     extern "C" __global__ void mmv_##name(const uint8_t *w, unsigned long long row_bytes,      \
                                           int rows, int cols, const float *x, int tokens,     \

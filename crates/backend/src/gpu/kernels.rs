@@ -33,6 +33,9 @@ pub(crate) struct FormatKernels<F> {
     /// The matvec of up to four quantized activation rows (a short verify step); the float
     /// formats have none.
     pub(crate) mmv4: Option<F>,
+    /// `mmv`, `mmv1` and `mmv4` for rows split between warps (`mmv_q8_split`); the float
+    /// formats have none.
+    pub(crate) split: Option<[F; 3]>,
     pub(crate) get_rows: F,
 }
 
@@ -49,6 +52,12 @@ impl<F> Kernels<F> {
                 let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
                 let mmv1 = function("mmv", &format!("mmv1_{suffix}")).ok();
                 let mmv4 = function("mmv", &format!("mmv4_{suffix}")).ok();
+                let split = ["mmvs", "mmv1s", "mmv4s"]
+                    .map(|instance| function("mmv", &format!("{instance}_{suffix}")).ok());
+                let split = match split {
+                    [Some(mmv), Some(mmv1), Some(mmv4)] => Some([mmv, mmv1, mmv4]),
+                    _ => None,
+                };
                 Some((
                     ty,
                     Arc::new(FormatKernels {
@@ -56,6 +65,7 @@ impl<F> Kernels<F> {
                         mmv,
                         mmv1,
                         mmv4,
+                        split,
                         get_rows,
                     }),
                 ))
@@ -77,17 +87,23 @@ impl<F> Kernels<F> {
         })
     }
 
-    /// Every matvec kernel, with its name.
-    pub(crate) fn matvecs(&self) -> impl Iterator<Item = (String, &F)> {
+    /// Every matvec kernel, with its name and whether it splits rows between warps.
+    pub(crate) fn matvecs(&self) -> impl Iterator<Item = (String, bool, &F)> {
         self.formats.values().flat_map(|f| {
             let name = f.ty.name().to_lowercase();
+            let split = f.split.as_ref();
             [
-                ("mmv", Some(&f.mmv)),
-                ("mmv1", f.mmv1.as_ref()),
-                ("mmv4", f.mmv4.as_ref()),
+                ("mmv", false, Some(&f.mmv)),
+                ("mmv1", false, f.mmv1.as_ref()),
+                ("mmv4", false, f.mmv4.as_ref()),
+                ("mmvs", true, split.map(|s| &s[0])),
+                ("mmv1s", true, split.map(|s| &s[1])),
+                ("mmv4s", true, split.map(|s| &s[2])),
             ]
             .into_iter()
-            .filter_map(move |(instance, kernel)| Some((format!("{instance}_{name}"), kernel?)))
+            .filter_map(move |(instance, split, kernel)| {
+                Some((format!("{instance}_{name}"), split, kernel?))
+            })
         })
     }
 
