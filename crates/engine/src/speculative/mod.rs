@@ -335,8 +335,9 @@ pub(crate) struct Round {
     pub next: u32,
     pub drafting: DraftTiming,
     pub verify_time: Duration,
-    /// Whether a forward pass of the round, the drafter's or the target's, was recorded as a
-    /// graph ([`Backend::passes_recorded`]): then its times include that one-off cost.
+    /// Whether a forward pass of the round was recorded as a graph, as the target's backend
+    /// counts them ([`Backend::passes_recorded`]; a model drafter on the same device shares
+    /// it): then its times include that one-off cost.
     pub recorded_a_pass: bool,
 }
 
