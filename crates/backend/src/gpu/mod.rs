@@ -193,11 +193,14 @@ impl<R: Runtime> GpuBackend<R> {
         tuning.validate()?;
         let kernels = Kernels::load(function)
             .map_err(|reason| unavailable::<R>(format!("{device}: {reason}")))?;
-        for (name, _, kernel) in kernels.matvecs().filter(|(_, split, _)| *split) {
-            let most = runtime
+        let most_warps = |kernel| {
+            runtime
                 .max_block_threads(kernel)
-                .map_err(device_error::<R>("kernel attributes"))?
-                / LANES;
+                .map(|threads| threads / LANES)
+                .map_err(device_error::<R>("kernel attributes"))
+        };
+        for (name, _, kernel) in kernels.matvecs().filter(|(_, split, _)| *split) {
+            let most = most_warps(kernel)?;
             if most < MATVEC_MAX_SPLIT as u32 {
                 return Err(unavailable::<R>(format!(
                     "{device}: kernel {name} takes at most {most} warps per block, and a split \
@@ -215,10 +218,7 @@ impl<R: Runtime> GpuBackend<R> {
                 &kernels.attention,
             )]);
         for (value, warps, name, kernel) in tuned {
-            let most = runtime
-                .max_block_threads(kernel)
-                .map_err(device_error::<R>("kernel attributes"))?
-                / LANES;
+            let most = most_warps(kernel)?;
             if warps > most {
                 return Err(Error::Tuning(format!(
                     "{value} = {warps}: kernel {name} takes at most {most} warps per block on \
@@ -355,31 +355,36 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The matvec instance of `format` for `rows` activation rows and weight rows of `cols`
-    /// columns, and whether it takes up to [`MATVEC_PARTS`] matrices in one launch. The one-row
-    /// instance takes any number of rows, one after another; the host profile's
-    /// `matvec_loop_rows` says up to how many. The one-row and four-row instances hold fewer
-    /// registers than the eight-row one and take several matrices, unless the rows are split
-    /// ([`matvec_split`]); the float formats have one instance, for one matrix.
+    /// columns, and how it launches. The one-row instance takes any number of rows, one after
+    /// another; the host profile's `matvec_loop_rows` says up to how many. The one-row and
+    /// four-row instances hold fewer registers than the eight-row one and take up to
+    /// [`MATVEC_PARTS`] matrices, unless the rows are split ([`matvec_split`]); the float
+    /// formats have one instance, for one matrix.
     fn matvec_instance<'f>(
         &self,
         format: &'f FormatKernels<R::Function>,
         rows: usize,
         cols: usize,
-    ) -> (&'f R::Function, bool) {
-        let instance = if rows <= self.tuning.matvec_loop_rows as usize {
-            1
-        } else if rows <= MATVEC_FUSED_ROWS {
-            2
-        } else {
-            0
-        };
-        match (&format.split, matvec_split(cols)) {
-            (Some(split), Some(_)) => (&split[instance], false),
-            _ => match (instance, &format.mmv1, &format.mmv4) {
-                (1, Some(mmv1), _) => (mmv1, true),
-                (1 | 2, _, Some(mmv4)) if rows <= MATVEC_FUSED_ROWS => (mmv4, true),
-                _ => (&format.mmv, false),
-            },
+    ) -> (&'f R::Function, MatvecLaunch) {
+        let one_row = format.mmv1.is_some() && rows <= self.tuning.matvec_loop_rows as usize;
+        let four_rows = format.mmv4.is_some() && rows <= MATVEC_FUSED_ROWS;
+        if let (Some([mmv, mmv1, mmv4]), Some((pieces, piece_spans))) =
+            (&format.split, matvec_split(cols))
+        {
+            let split = MatvecLaunch::Split {
+                pieces,
+                piece_spans,
+            };
+            return match (one_row, four_rows) {
+                (true, _) => (mmv1, split),
+                (_, true) => (mmv4, split),
+                _ => (mmv, split),
+            };
+        }
+        match (&format.mmv1, &format.mmv4) {
+            (Some(mmv1), _) if one_row => (mmv1, MatvecLaunch::Parts),
+            (_, Some(mmv4)) if four_rows => (mmv4, MatvecLaunch::Parts),
+            _ => (&format.mmv, MatvecLaunch::Alone),
         }
     }
 
@@ -393,7 +398,7 @@ impl<R: Runtime> GpuBackend<R> {
         parts: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
         let format = &parts[0].matrix.format;
-        let (mmv, _) = self.matvec_instance(format, rows, parts[0].matrix.cols);
+        let (mmv, launch) = self.matvec_instance(format, rows, parts[0].matrix.cols);
         let warps = self.tuning.matvec_warps;
         if format.mmv1.is_none() {
             // The float formats take f32 activations.
@@ -426,7 +431,11 @@ impl<R: Runtime> GpuBackend<R> {
             q.sums.arg(),
             int(rows),
         ];
-        if let (Some(_), Some((pieces, piece_spans))) = (&format.split, matvec_split(cols)) {
+        if let MatvecLaunch::Split {
+            pieces,
+            piece_spans,
+        } = launch
+        {
             let [Projection { matrix, bias, out }] = parts else {
                 unreachable!("split matrices launch alone");
             };
@@ -975,8 +984,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         while let Some(first) = rest.first() {
             // Matrices launched together share one format (and so, with the width checked
             // above, one row length).
-            let (_, several) = self.matvec_instance(&first.matrix.format, rows, first.matrix.cols);
-            let together = if several {
+            let (_, launch) = self.matvec_instance(&first.matrix.format, rows, first.matrix.cols);
+            let together = if launch == MatvecLaunch::Parts {
                 rest.iter()
                     .take(MATVEC_PARTS)
                     .take_while(|p| Arc::ptr_eq(&p.matrix.format, &first.matrix.format))
@@ -1227,7 +1236,17 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 }
 
-/// Blocks for a grid-stride loop over `n` elements.
+/// How a matvec instance is launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MatvecLaunch {
+    /// Over up to [`MATVEC_PARTS`] matrices of one format, one warp per row.
+    Parts,
+    /// Over one matrix, one warp per row.
+    Alone,
+    /// Over one matrix, each row cut into `pieces` of `piece_spans` spans, one warp each.
+    Split { pieces: u32, piece_spans: u32 },
+}
+
 /// How a quantized matvec cuts weight rows of `cols` columns between warps: the pieces and the
 /// spans of each, or `None` for one warp per row. It depends on the width alone, so that every
 /// instance adds a row's products in the same order.
@@ -1242,6 +1261,7 @@ fn matvec_split(cols: usize) -> Option<(u32, u32)> {
     Some((pieces as u32, piece_spans as u32))
 }
 
+/// Blocks for a grid-stride loop over `n` elements.
 fn elementwise_grid(n: u64) -> u32 {
     n.div_ceil(u64::from(ROW_THREADS)).min(4096) as u32
 }
