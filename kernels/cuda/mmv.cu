@@ -257,6 +257,15 @@ static __device__ __forceinline__ void write_sums(const float acc[TOKENS], int n
     }
 }
 
+// Asks L2 for bytes [from, to) of row, one 128-byte line per lane at a time.
+static __device__ __forceinline__ void prefetch_l2(const uint8_t *row, unsigned long long from,
+                                                   unsigned long long to) {
+    for (unsigned long long line = from + 128 * (threadIdx.x % WARP_SIZE); line < to;
+         line += 128 * WARP_SIZE) {
+        PREFETCH_L2(row + line);
+    }
+}
+
 // Adds to acc[t] (t < n) this lane's spans s = first, first + 32, ... below last of w_row, times
 // activation row t0 + t. The loop is not unrolled: see mmv_q8.
 template <typename Block, int TOKENS>
@@ -330,9 +339,7 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
     const uint8_t *w_row = part.w + (size_t)row * row_bytes;
     START_NEXT_KERNEL();
     // The row's weights are on their way while the kernel before finishes.
-    for (unsigned long long line = 128 * lane; line < row_bytes; line += 128 * WARP_SIZE) {
-        PREFETCH_L2(w_row + line);
-    }
+    prefetch_l2(w_row, 0, row_bytes);
     WAIT_FOR_PREVIOUS_KERNEL();
     const float b = part.bias ? part.bias[row] : 0.0f;
     const int spans = cols / SPAN;
@@ -371,11 +378,8 @@ static __device__ void mmv_q8_split(const MatvecPart part, unsigned long long ro
     // The warp's piece of the row is on its way while the kernel before finishes.
     if (valid) {
         constexpr int SPANS_PER_BLOCK = Block::QK / SPAN;
-        const size_t from = (size_t)(first / SPANS_PER_BLOCK) * Block::BYTES;
-        const size_t to = (size_t)((last + SPANS_PER_BLOCK - 1) / SPANS_PER_BLOCK) * Block::BYTES;
-        for (size_t line = from + 128 * lane; line < to; line += 128 * WARP_SIZE) {
-            PREFETCH_L2(w_row + line);
-        }
+        prefetch_l2(w_row, (size_t)(first / SPANS_PER_BLOCK) * Block::BYTES,
+                    (size_t)((last + SPANS_PER_BLOCK - 1) / SPANS_PER_BLOCK) * Block::BYTES);
     }
     WAIT_FOR_PREVIOUS_KERNEL();
     const float b = valid && part.bias ? part.bias[row] : 0.0f;
