@@ -26,6 +26,9 @@ struct Toolchain {
     default_archs: &'static str,
     /// What the generated file is called and what its constants are prefixed with.
     name: &'static str,
+    /// The families it does not build: `mmq` is NVIDIA's tensor-core `mma.sync`, which RDNA
+    /// does not have (its matrices take the matvec for any number of rows).
+    skips: &'static [&'static str],
 }
 
 const CUDA: Toolchain = Toolchain {
@@ -35,6 +38,7 @@ const CUDA: Toolchain = Toolchain {
     archs_var: "LUCEBOX_CUDA_ARCHS",
     default_archs: "86,90,120",
     name: "cuda",
+    skips: &[],
 };
 
 const HIP: Toolchain = Toolchain {
@@ -44,6 +48,7 @@ const HIP: Toolchain = Toolchain {
     archs_var: "LUCEBOX_HIP_ARCHS",
     default_archs: "gfx1100,gfx1151,gfx1201",
     name: "hip",
+    skips: &["mmq"],
 };
 
 fn main() {
@@ -102,6 +107,10 @@ fn compile_all(toolchain: &Toolchain, compiler: &str, kernels: &Path, out: &Path
         .expect("reading kernels/cuda")
         .map(|entry| entry.expect("reading kernels/cuda").path())
         .filter(|path| path.extension().is_some_and(|e| e == "cu"))
+        .filter(|path| {
+            let family = path.file_stem().and_then(|stem| stem.to_str());
+            !family.is_some_and(|family| toolchain.skips.contains(&family))
+        })
         .collect();
     families.sort();
     let mut images = String::new();

@@ -28,3 +28,12 @@ static __device__ __forceinline__ float load_f16(const uint8_t *p) {
     const unsigned short bits = (unsigned short)p[0] | ((unsigned short)p[1] << 8);
     return __half2float(__ushort_as_half(bits));
 }
+
+// Asks L2 for bytes [from, to) of row, one 128-byte line per lane at a time.
+static __device__ __forceinline__ void prefetch_l2(const uint8_t *row, unsigned long long from,
+                                                   unsigned long long to) {
+    for (unsigned long long line = from + 128 * (threadIdx.x % WARP_SIZE); line < to;
+         line += 128 * WARP_SIZE) {
+        PREFETCH_L2(row + line);
+    }
+}

@@ -126,6 +126,10 @@ pub struct KernelTuning {
     pub attention_warps: u32,
     /// Up to this many activation rows, a matvec runs its one-row kernel once per row.
     pub matvec_loop_rows: u32,
+    /// From this many activation rows, a quantized matmul runs on the tensor cores; absent on
+    /// chips without a tensor-core kernel (HIP), where the backend's default goes unused.
+    #[serde(default)]
+    pub mmq_rows: Option<u32>,
 }
 
 /// A target model and what drafts for it.
@@ -581,7 +585,7 @@ mod tests {
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
     const KERNELS: &str =
-        "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\n";
+        "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\nmmq_rows = 3\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
         drafter = \"qwen2.5-coder-0.5b-instruct-q4_k_m\"\ndefault = true\n\
         verified = { status = \"unmeasured\" }\n";
@@ -648,6 +652,7 @@ mod tests {
                 matvec_warps: 2,
                 attention_warps: 8,
                 matvec_loop_rows: 4,
+                mmq_rows: Some(3),
             })
         );
     }

@@ -18,6 +18,11 @@ pub struct GpuTuning {
     /// instances that hold several rows' sums in registers. Every instance sums a row in the
     /// same order, so this changes no bit.
     pub matvec_loop_rows: u32,
+    /// From this many activation rows, a quantized matmul runs on the tensor cores where the
+    /// device has them (CUDA, sm_80 and later: `kernels/cuda/mmq.cu`), before the one-row
+    /// loop and the multi-row matvecs are considered. It gives each row the same bits as the
+    /// matvec, so this too changes no bit.
+    pub mmq_rows: u32,
 }
 
 impl GpuTuning {
@@ -34,11 +39,13 @@ impl GpuTuning {
     /// 1.5B target 1.9x faster than four after 1,024 positions and 1.7% slower from an empty
     /// context; four matvec warps were as fast as two or eight; looping the one-row matvec up
     /// to 16 rows decodes 2, 8 and 16 sequences 15%, 10% and 4% faster than the multi-row
-    /// instances.
+    /// instances; the tensor-core matmul decodes 6 sequences as fast as that loop, 8 and 16
+    /// sequences 20% and 70% faster, 2 and 4 sequences 45% and 19% slower.
     pub const DEFAULT: GpuTuning = GpuTuning {
         matvec_warps: 4,
         attention_warps: 16,
         matvec_loop_rows: 16,
+        mmq_rows: 6,
     };
 
     /// Fails when a value is out of the kernels' range.
@@ -57,10 +64,15 @@ impl GpuTuning {
                 )));
             }
         }
-        if self.matvec_loop_rows == 0 {
-            return Err(Error::Tuning(
-                "matvec_loop_rows = 0: a decode step has one row, at least".into(),
-            ));
+        for (name, rows) in [
+            ("matvec_loop_rows", self.matvec_loop_rows),
+            ("mmq_rows", self.mmq_rows),
+        ] {
+            if rows == 0 {
+                return Err(Error::Tuning(format!(
+                    "{name} = 0: a decode step has one row, at least"
+                )));
+            }
         }
         Ok(())
     }

@@ -13,7 +13,9 @@ mod common;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use lucebox_backend::{Backend, CpuBackend, GpuTuning};
+use lucebox_backend::{
+    Backend, BatchCapacity, CpuBackend, GpuTuning, RaggedBatch, Rope, RopeStyle,
+};
 
 /// The backend under test: CUDA's when both are built.
 #[cfg(feature = "cuda")]
@@ -22,7 +24,7 @@ type GpuBackend = lucebox_backend::CudaBackend;
 type GpuBackend = lucebox_backend::HipBackend;
 use lucebox_engine::speculative::{DraftPolicy, ModelDrafter, NgramDrafter, Speculator};
 use lucebox_engine::{Generator, Rng, Sampler, SamplingParams, Session, SessionConfig};
-use lucebox_gguf::GgufFile;
+use lucebox_gguf::{GgmlType, GgufFile, GgufWriter};
 use lucebox_model::Model;
 
 const MODELS: [&str; 3] = [
@@ -244,14 +246,158 @@ fn speculative_greedy_equals_plain_greedy_on_the_device() {
     }
 }
 
-/// The default launch shapes, and verify steps and small batches through the one-row matvec.
-const TUNINGS: [GpuTuning; 2] = [
+/// The default launch shapes; verify steps and small batches through the one-row matvec; and
+/// through the multi-row matvecs.
+const TUNINGS: [GpuTuning; 3] = [
     GpuTuning::DEFAULT,
     GpuTuning {
         matvec_loop_rows: 16,
+        mmq_rows: u32::MAX,
+        ..GpuTuning::DEFAULT
+    },
+    GpuTuning {
+        matvec_loop_rows: 1,
+        mmq_rows: u32::MAX,
         ..GpuTuning::DEFAULT
     },
 ];
+
+/// The byte offsets of the f16 scales (and minimums) in one block of each quantized format;
+/// every other byte holds quants, any value of which is valid.
+const SCALE_OFFSETS: [(GgmlType, &[usize]); 8] = [
+    (GgmlType::Q4_0, &[0]),
+    (GgmlType::Q4_1, &[0, 2]),
+    (GgmlType::Q5_0, &[0]),
+    (GgmlType::Q5_1, &[0, 2]),
+    (GgmlType::Q8_0, &[0]),
+    (GgmlType::Q4K, &[0, 2]),
+    (GgmlType::Q5K, &[0, 2]),
+    (GgmlType::Q6K, &[208]),
+];
+
+/// `rows` x `cols` random weights of quantized format `ty`: random quants, and scales of
+/// either sign between 2^-10 and 2^-5.
+fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let scales = SCALE_OFFSETS.iter().find(|(t, _)| *t == ty).unwrap().1;
+    let blocks = rows * cols / ty.block_len() as usize;
+    let block_bytes = ty.block_bytes() as usize;
+    let mut bytes: Vec<u8> = (0..blocks * block_bytes)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for block in bytes.chunks_exact_mut(block_bytes) {
+        for &at in scales {
+            let r = rng.next_u64();
+            let bits = ((r & 1) << 15) | ((5 + (r >> 1) % 5) << 10) | ((r >> 8) & 0x3FF);
+            block[at..at + 2].copy_from_slice(&(bits as u16).to_le_bytes());
+        }
+    }
+    bytes
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
+    // 40 weight rows: two whole blocks of 16 and part of a third. 8,960 columns are split
+    // between warps (the 1.5B's down projection), 1,536 are not.
+    const ROWS: usize = 40;
+    const VOCAB: usize = 64;
+    let tensor_cores = GpuTuning {
+        mmq_rows: 1,
+        ..GpuTuning::DEFAULT
+    };
+    let backends: Vec<(GpuTuning, Arc<GpuBackend>)> = [tensor_cores, TUNINGS[1], TUNINGS[2]]
+        .into_iter()
+        .map(|tuning| (tuning, tuned(tuning)))
+        .collect();
+    let mut rng = Rng::seeded(11);
+    for (ty, _) in SCALE_OFFSETS {
+        for cols in [1536, 8960] {
+            // Activations of either sign, some 50 times the rest, as a model's are.
+            let table: Vec<f32> = (0..VOCAB * cols)
+                .map(|_| {
+                    let r = rng.next_u64();
+                    let v = (r % 2001) as f32 / 1000.0 - 1.0;
+                    if (r >> 32).is_multiple_of(97) {
+                        50.0 * v
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            let bias: Vec<f32> = (0..ROWS).map(|i| i as f32 / 8.0 - 2.0).collect();
+            let mut writer = GgufWriter::new();
+            writer
+                .tensor(
+                    "table",
+                    &[cols as u64, VOCAB as u64],
+                    GgmlType::F32,
+                    f32_bytes(&table),
+                )
+                .tensor(
+                    "w",
+                    &[cols as u64, ROWS as u64],
+                    ty,
+                    random_weights(ty, ROWS, cols, &mut rng),
+                )
+                .tensor("bias", &[ROWS as u64], GgmlType::F32, f32_bytes(&bias));
+            let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
+            for tokens in [1, 2, 5, 8, 9, 16, 17, 33, 40] {
+                let mut batch = RaggedBatch::new();
+                let seq = batch.push_sequence(&[0]);
+                for i in 0..tokens {
+                    batch.push_token(seq, (rng.next_u64() % VOCAB as u64) as u32, i as u32, false);
+                }
+                let results: Vec<Vec<f32>> = backends
+                    .iter()
+                    .map(|(_, gpu)| {
+                        let capacity = BatchCapacity {
+                            tokens,
+                            sequences: 1,
+                            blocks: 1,
+                            logits: 1,
+                        };
+                        let rope = Rope {
+                            style: RopeStyle::Neox,
+                            rotary_dims: 64,
+                            freq_base: 1e4,
+                            position_scale: 1.0,
+                        };
+                        let mut device_batch = gpu.batch(capacity, rope).unwrap();
+                        gpu.set_batch(&mut device_batch, &batch).unwrap();
+                        let table = gpu.load_matrix(&file, "table").unwrap();
+                        let w = gpu.load_matrix(&file, "w").unwrap();
+                        let bias = gpu.load_vector(&file, "bias").unwrap();
+                        let mut x = gpu.activations(tokens, cols).unwrap();
+                        let mut out = gpu.activations(tokens, ROWS).unwrap();
+                        gpu.embed(&table, &device_batch, &mut x).unwrap();
+                        gpu.matmul(&w, Some(&bias), &x, tokens, &mut out).unwrap();
+                        let mut host = vec![0.0; tokens * ROWS];
+                        gpu.read_rows(&out, tokens, &mut host).unwrap();
+                        host
+                    })
+                    .collect();
+                assert!(
+                    results[0].iter().all(|v| v.is_finite()),
+                    "{ty:?}: {cols} columns"
+                );
+                for ((tuning, _), result) in backends.iter().zip(&results).skip(1) {
+                    assert!(
+                        result == &results[0],
+                        "{ty:?}, {cols} columns, {tokens} rows: the tensor cores and {tuning:?} differ"
+                    );
+                }
+            }
+        }
+    }
+    println!(
+        "{} formats x 1,536 and 8,960 columns x 1 to 40 rows: the tensor cores equal the matvecs bit for bit",
+        SCALE_OFFSETS.len()
+    );
+}
 
 fn speculative_greedy_equals_plain_greedy_with(tuning: GpuTuning) {
     let gpu = tuned(tuning);

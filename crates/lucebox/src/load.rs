@@ -102,6 +102,12 @@ pub(crate) struct TuningArgs {
         GpuTuning::DEFAULT.matvec_loop_rows,
     ))]
     matvec_loop_rows: Option<u32>,
+    #[arg(long, help = tuning_help(
+        "from this many activation rows, a quantized matmul runs on the tensor cores where the \
+         device has them",
+        GpuTuning::DEFAULT.mmq_rows,
+    ))]
+    mmq_rows: Option<u32>,
 }
 
 /// The help of a tuning flag that sets `what`, `default` without a profile.
@@ -121,11 +127,12 @@ impl TuningArgs {
             self.matvec_warps,
             self.attention_warps,
             self.matvec_loop_rows,
+            self.mmq_rows,
         ];
         if device == Device::Cpu && flags.iter().any(Option::is_some) {
             bail!(
-                "--matvec-warps, --attention-warps and --matvec-loop-rows tune the GPU kernels, \
-                 not --device cpu"
+                "--matvec-warps, --attention-warps, --matvec-loop-rows and --mmq-rows tune the \
+                 GPU kernels, not --device cpu"
             );
         }
         let base = profile
@@ -134,11 +141,13 @@ impl TuningArgs {
                 matvec_warps: k.matvec_warps,
                 attention_warps: k.attention_warps,
                 matvec_loop_rows: k.matvec_loop_rows,
+                mmq_rows: k.mmq_rows.unwrap_or(GpuTuning::DEFAULT.mmq_rows),
             });
         Ok(GpuTuning {
             matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
             attention_warps: self.attention_warps.unwrap_or(base.attention_warps),
             matvec_loop_rows: self.matvec_loop_rows.unwrap_or(base.matvec_loop_rows),
+            mmq_rows: self.mmq_rows.unwrap_or(base.mmq_rows),
         })
     }
 }

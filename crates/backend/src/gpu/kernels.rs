@@ -36,8 +36,14 @@ pub(crate) struct FormatKernels<F> {
     /// `mmv`, `mmv1` and `mmv4` for rows split between warps (`mmv_q8_split`); the float
     /// formats have none.
     pub(crate) split: Option<[F; 3]>,
+    /// The tensor-core matmuls (`mmq.cu`) for blocks of [`MMQ_TILE_ROWS`] activation rows;
+    /// absent where the images have none (HIP, the float formats).
+    pub(crate) mmq: Option<[F; 2]>,
     pub(crate) get_rows: F,
 }
+
+/// The activation rows per block of each `FormatKernels::mmq` instance, smallest first.
+pub(crate) const MMQ_TILE_ROWS: [u32; 2] = [8, 16];
 
 impl<F> Kernels<F> {
     /// Loads every kernel through `function(family, name)`, `family` being the file of
@@ -58,6 +64,12 @@ impl<F> Kernels<F> {
                     [Some(mmv), Some(mmv1), Some(mmv4)] => Some([mmv, mmv1, mmv4]),
                     _ => None,
                 };
+                let mmq =
+                    MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok());
+                let mmq = match mmq {
+                    [Some(eight), Some(sixteen)] => Some([eight, sixteen]),
+                    _ => None,
+                };
                 Some((
                     ty,
                     Arc::new(FormatKernels {
@@ -66,6 +78,7 @@ impl<F> Kernels<F> {
                         mmv1,
                         mmv4,
                         split,
+                        mmq,
                         get_rows,
                     }),
                 ))
@@ -84,6 +97,20 @@ impl<F> Kernels<F> {
             gather_rows: function("elementwise", "gather_rows")?,
             argmax_rows: function("argmax", "argmax_rows")?,
             quantize_q8: function("quantize", "quantize_q8")?,
+        })
+    }
+
+    /// Every tensor-core matmul kernel, with its name.
+    pub(crate) fn mmqs(&self) -> impl Iterator<Item = (String, &F)> {
+        self.formats.values().flat_map(|f| {
+            f.mmq.iter().flat_map(move |kernels| {
+                MMQ_TILE_ROWS
+                    .iter()
+                    .zip(kernels)
+                    .map(move |(rows, kernel)| {
+                        (format!("mmq{rows}_{}", f.ty.name().to_lowercase()), kernel)
+                    })
+            })
         })
     }
 

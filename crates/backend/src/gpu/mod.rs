@@ -23,8 +23,8 @@ use crate::{
     AttentionShape, Backend, BatchCapacity, Error, GpuTuning, KvLayout, PassShape, Projection,
     RaggedBatch, Rope, RopeStyle,
 };
-use kernels::FormatKernels;
 pub(crate) use kernels::Kernels;
+use kernels::{FormatKernels, MMQ_TILE_ROWS};
 pub(crate) use runtime::Sealed;
 pub use runtime::{KernelArg, QuantizedOut, Runtime};
 
@@ -73,6 +73,13 @@ const MATVEC_FUSED_ROWS: usize = 4;
 const MATVEC_SPLIT_SPANS: usize = 64;
 /// The most warps a row is split between.
 const MATVEC_MAX_SPLIT: usize = 8;
+/// Weight rows per block of the tensor-core matmul (`MMQ_ROWS`).
+const MMQ_WEIGHT_ROWS: u32 = 16;
+/// Bytes after a matrix's last row that the tensor-core matmul may read: it copies rows to shared
+/// memory in aligned 16-byte words, up to 30 bytes past what it needs.
+const MMQ_WEIGHT_PADDING: usize = 32;
+/// Threads per block of the tensor-core matmul (`MMQ_WARPS` warps).
+const MMQ_THREADS: u32 = 8 * LANES;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
 
@@ -205,6 +212,15 @@ impl<R: Runtime> GpuBackend<R> {
                 return Err(unavailable::<R>(format!(
                     "{device}: kernel {name} takes at most {most} warps per block, and a split \
                      row needs {MATVEC_MAX_SPLIT}"
+                )));
+            }
+        }
+        for (name, kernel) in kernels.mmqs() {
+            let most = most_warps(kernel)?;
+            if most * LANES < MMQ_THREADS {
+                return Err(unavailable::<R>(format!(
+                    "{device}: kernel {name} takes at most {most} warps per block, and needs {}",
+                    MMQ_THREADS / LANES
                 )));
             }
         }
@@ -355,17 +371,34 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The matvec instance of `format` for `rows` activation rows and weight rows of `cols`
-    /// columns, and how it launches. The one-row instance takes any number of rows, one after
-    /// another; the host profile's `matvec_loop_rows` says up to how many. The one-row and
-    /// four-row instances hold fewer registers than the eight-row one and take up to
-    /// [`MATVEC_PARTS`] matrices, unless the rows are split ([`matvec_split`]); the float
-    /// formats have one instance, for one matrix.
+    /// columns, and how it launches. From the host profile's `mmq_rows` rows, the tensor-core
+    /// matmul with the smallest tile that holds them (or its largest), where there is one. The
+    /// one-row instance takes any number of rows, one after another; the host profile's
+    /// `matvec_loop_rows` says up to how many. The one-row and four-row instances hold fewer
+    /// registers than the eight-row one and take up to [`MATVEC_PARTS`] matrices, unless the
+    /// rows are split ([`matvec_split`]); the float formats have one instance, for one matrix.
     fn matvec_instance<'f>(
         &self,
         format: &'f FormatKernels<R::Function>,
         rows: usize,
         cols: usize,
     ) -> (&'f R::Function, MatvecLaunch) {
+        if let Some(mmq) = &format.mmq
+            && rows >= self.tuning.mmq_rows as usize
+        {
+            let i = MMQ_TILE_ROWS
+                .iter()
+                .position(|&tile| rows <= tile as usize)
+                .unwrap_or(MMQ_TILE_ROWS.len() - 1);
+            let split_spans = matvec_split(cols).map_or(0, |(_, piece_spans)| piece_spans);
+            return (
+                &mmq[i],
+                MatvecLaunch::Tiles {
+                    tile_rows: MMQ_TILE_ROWS[i],
+                    split_spans,
+                },
+            );
+        }
         let one_row = format.mmv1.is_some() && rows <= self.tuning.matvec_loop_rows as usize;
         let four_rows = format.mmv4.is_some() && rows <= MATVEC_FUSED_ROWS;
         if let (Some([mmv, mmv1, mmv4]), Some((pieces, piece_spans))) =
@@ -390,7 +423,8 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// One matvec launch over `parts`, checked by the caller and grouped as
     /// [`matvec_instance`](Self::matvec_instance) allows; one warp per weight row of them all,
-    /// or per piece of a split row.
+    /// or per piece of a split row, or on the tensor cores one block per [`MMQ_WEIGHT_ROWS`]
+    /// weight rows and tile of activation rows.
     fn matvec(
         &self,
         x: &GpuActivations<R>,
@@ -431,6 +465,28 @@ impl<R: Runtime> GpuBackend<R> {
             q.sums.arg(),
             int(rows),
         ];
+        if let MatvecLaunch::Tiles {
+            tile_rows,
+            split_spans,
+        } = launch
+        {
+            let [Projection { matrix, bias, out }] = parts else {
+                unreachable!("tensor-core matmuls launch alone");
+            };
+            let mut args = vec![
+                matrix.data.arg(),
+                int(matrix.rows),
+                bias.map_or(NULL, |bias| bias.data.arg()),
+                out.written(),
+                (row_bytes as u64).into(),
+                int(cols),
+                int(split_spans as usize),
+            ];
+            args.extend(activations);
+            let grid =
+                (matrix.rows as u32).div_ceil(MMQ_WEIGHT_ROWS) * (rows as u32).div_ceil(tile_rows);
+            return self.launch("matmul", mmv, grid, MMQ_THREADS, &args);
+        }
         if let MatvecLaunch::Split {
             pieces,
             piece_spans,
@@ -709,8 +765,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                     backend: R::NAME,
                 })?;
         let bytes = view.data();
+        let mut data = self.zeros(bytes.len() + MMQ_WEIGHT_PADDING, "weights")?;
+        self.upload(bytes, &mut data)?;
         Ok(GpuMatrix {
-            data: self.upload_new(bytes, "weights")?,
+            data,
             format,
             rows,
             cols,
@@ -1245,6 +1303,9 @@ enum MatvecLaunch {
     Alone,
     /// Over one matrix, each row cut into `pieces` of `piece_spans` spans, one warp each.
     Split { pieces: u32, piece_spans: u32 },
+    /// Over one matrix on the tensor cores, `tile_rows` activation rows per block, adding the
+    /// pieces of `split_spans` spans (0: rows are not split) as the split matvec does.
+    Tiles { tile_rows: u32, split_spans: u32 },
 }
 
 /// How a quantized matvec cuts weight rows of `cols` columns between warps: the pieces and the
