@@ -465,38 +465,35 @@ impl<R: Runtime> GpuBackend<R> {
             q.sums.arg(),
             int(rows),
         ];
-        if let MatvecLaunch::Tiles {
-            tile_rows,
-            split_spans,
-        } = launch
-        {
+        // The instances of one matrix: the spans per piece they take, their grid and block.
+        let matrix_rows = parts[0].matrix.rows as u32;
+        let alone = match launch {
+            MatvecLaunch::Tiles {
+                tile_rows,
+                split_spans,
+            } => Some((
+                split_spans,
+                matrix_rows.div_ceil(MMQ_WEIGHT_ROWS) * (rows as u32).div_ceil(tile_rows),
+                MMQ_THREADS,
+            )),
+            MatvecLaunch::Split {
+                pieces,
+                piece_spans,
+            } => {
+                // Whole rows per block, at least one whatever matvec_warps says.
+                let block_rows = (warps / pieces).max(1);
+                Some((
+                    piece_spans,
+                    matrix_rows.div_ceil(block_rows),
+                    block_rows * pieces * LANES,
+                ))
+            }
+            MatvecLaunch::Parts | MatvecLaunch::Alone => None,
+        };
+        if let Some((piece_spans, grid, block)) = alone {
             let [Projection { matrix, bias, out }] = parts else {
-                unreachable!("tensor-core matmuls launch alone");
+                unreachable!("split and tensor-core matmuls launch alone");
             };
-            let mut args = vec![
-                matrix.data.arg(),
-                int(matrix.rows),
-                bias.map_or(NULL, |bias| bias.data.arg()),
-                out.written(),
-                (row_bytes as u64).into(),
-                int(cols),
-                int(split_spans as usize),
-            ];
-            args.extend(activations);
-            let grid =
-                (matrix.rows as u32).div_ceil(MMQ_WEIGHT_ROWS) * (rows as u32).div_ceil(tile_rows);
-            return self.launch("matmul", mmv, grid, MMQ_THREADS, &args);
-        }
-        if let MatvecLaunch::Split {
-            pieces,
-            piece_spans,
-        } = launch
-        {
-            let [Projection { matrix, bias, out }] = parts else {
-                unreachable!("split matrices launch alone");
-            };
-            // Whole rows per block, at least one whatever matvec_warps says.
-            let block_rows = (warps / pieces).max(1);
             let mut args = vec![
                 matrix.data.arg(),
                 int(matrix.rows),
@@ -507,8 +504,7 @@ impl<R: Runtime> GpuBackend<R> {
                 int(piece_spans as usize),
             ];
             args.extend(activations);
-            let grid = (matrix.rows as u32).div_ceil(block_rows);
-            return self.launch("matmul", mmv, grid, block_rows * pieces * LANES, &args);
+            return self.launch("matmul", mmv, grid, block, &args);
         }
         let mut weight_rows = 0;
         let mut args = Vec::with_capacity(4 * MATVEC_PARTS + 7);
