@@ -743,7 +743,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     type Recordings = GpuRecordings<R>;
 
     fn describe(&self) -> String {
-        format!("{} ({})", R::NAME, self.device)
+        let tensor_cores = if self.kernels.mmqs().next().is_some() {
+            ", tensor cores"
+        } else {
+            ""
+        };
+        format!("{} ({}{tensor_cores})", R::NAME, self.device)
     }
 
     fn peak_bandwidth(&self) -> Option<f64> {
