@@ -18,9 +18,10 @@
 // way to L2 before the kernel before it ends.
 //
 // On the H200 this beats the matvec from about six activation rows (README, "CUDA"): below,
-// its fixed cost per span and 8-row tile, mostly decoding the weights and addressing the
-// activations' scales, outweighs the matvec's per-row work. Sixteen activation rows per block
-// beat 32: 32 hold 220 to 250 registers per thread, one block per SM.
+// each block's chain of loads, span after span, takes longer than the matvec's many short
+// warps (a profile of a two-row step puts every kernel's time in that latency; halving the
+// instructions per span changed nothing). Sixteen activation rows per block beat 32: 32 hold
+// 220 to 250 registers per thread, one block per SM.
 //
 // The mma instructions exist from sm_80; HIP builds none of this (crates/backend/build.rs),
 // and its matrices take the matvec for any number of rows.
