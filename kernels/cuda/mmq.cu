@@ -55,14 +55,6 @@ static __device__ __forceinline__ int pick(const int q[4], int i) {
     return i == 0 ? q[0] : i == 1 ? q[1] : i == 2 ? q[2] : q[3];
 }
 
-// Row `row` of quantized activations x of `cols` columns.
-static __device__ __forceinline__ QuantizedRow activation_row(const QuantizedRow &x, int cols,
-                                                              int row) {
-    const size_t r = row;
-    return {x.hi + r * cols, x.lo + r * cols, x.scales + r * (cols / SPAN),
-            x.sums + r * (cols / 16)};
-}
-
 // The bytes of one staged weight row: a chunk of MMQ_CHUNK_SPANS spans starting anywhere in a
 // block covers at most one block more than it holds, and its copy in whole 16-byte words
 // starts up to 15 bytes early, to keep the row's alignment, and ends up to 30 bytes late.

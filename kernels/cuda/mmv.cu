@@ -59,19 +59,14 @@ static __device__ __forceinline__ void write_sums(const float acc[TOKENS], int n
 template <typename Block, int TOKENS>
 static __device__ __forceinline__ void dot_spans(float acc[TOKENS], const uint8_t *w_row,
                                                  int first, int last, int cols,
-                                                 const signed char *x_hi, const signed char *x_lo,
-                                                 const float2 *x_scales, const float *x_sums,
-                                                 int t0, int n) {
+                                                 const QuantizedRow &x, int t0, int n) {
 #pragma unroll 1
     for (int s = first; s < last; s += WARP_SIZE) {
         const QSpan sp = qspan<Block>(w_row, s);
 #pragma unroll
         for (int t = 0; t < TOKENS; t++) {
             if (t < n) {
-                const size_t r = t0 + t;
-                const QuantizedRow x = {x_hi + r * cols, x_lo + r * cols,
-                                        x_scales + r * (cols / SPAN), x_sums + r * (cols / 16)};
-                acc[t] += qspan_dot(sp, x);
+                acc[t] += qspan_dot(sp, activation_row(x, cols, t0 + t));
             }
         }
     }
@@ -134,8 +129,8 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
     for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
         const int n = min(TOKENS, tokens - t0);
         float acc[TOKENS] = {0};
-        dot_spans<Block, TOKENS>(acc, w_row, lane, spans, cols, x_hi, x_lo, x_scales, x_sums, t0,
-                                 n);
+        dot_spans<Block, TOKENS>(acc, w_row, lane, spans, cols, {x_hi, x_lo, x_scales, x_sums},
+                                 t0, n);
         write_sums<TOKENS>(acc, n, t0, part.rows, row, b, part.out);
     }
 }
@@ -174,8 +169,8 @@ static __device__ void mmv_q8_split(const MatvecPart part, unsigned long long ro
     for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
         const int n = min(TOKENS, tokens - t0);
         float acc[TOKENS] = {0};
-        dot_spans<Block, TOKENS>(acc, w_row, first + lane, last, cols, x_hi, x_lo, x_scales,
-                                 x_sums, t0, n);
+        dot_spans<Block, TOKENS>(acc, w_row, first + lane, last, cols,
+                                 {x_hi, x_lo, x_scales, x_sums}, t0, n);
 #pragma unroll
         for (int t = 0; t < TOKENS; t++) {
             const float sum = warp_sum(acc[t]);

@@ -208,6 +208,14 @@ struct QuantizedRow {
     const float *sums;
 };
 
+// Row `row` of quantized activations x of `cols` columns.
+static __device__ __forceinline__ QuantizedRow activation_row(const QuantizedRow &x, int cols,
+                                                              int row) {
+    const size_t r = row;
+    return {x.hi + r * cols, x.lo + r * cols, x.scales + r * (cols / SPAN),
+            x.sums + r * (cols / 16)};
+}
+
 // The integer dot products of a span's two runs with one row of quantized activations: run lo
 // with the high and the low part, then run hi with both. Exact, however they are computed.
 struct SpanDots {
