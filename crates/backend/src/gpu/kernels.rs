@@ -45,6 +45,13 @@ pub(crate) struct FormatKernels<F> {
 /// The activation rows per block of each `FormatKernels::mmq` instance, smallest first.
 pub(crate) const MMQ_TILE_ROWS: [u32; 2] = [8, 16];
 
+/// All of a set of instances, or none: a format has a kernel family only if the images hold
+/// every instance of it.
+fn every<F, const N: usize>(instances: [Option<F>; N]) -> Option<[F; N]> {
+    let found: Vec<F> = instances.into_iter().collect::<Option<_>>()?;
+    found.try_into().ok()
+}
+
 impl<F> Kernels<F> {
     /// Loads every kernel through `function(family, name)`, `family` being the file of
     /// `kernels/cuda/` that defines `name`.
@@ -58,18 +65,13 @@ impl<F> Kernels<F> {
                 let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
                 let mmv1 = function("mmv", &format!("mmv1_{suffix}")).ok();
                 let mmv4 = function("mmv", &format!("mmv4_{suffix}")).ok();
-                let split = ["mmvs", "mmv1s", "mmv4s"]
-                    .map(|instance| function("mmv", &format!("{instance}_{suffix}")).ok());
-                let split = match split {
-                    [Some(mmv), Some(mmv1), Some(mmv4)] => Some([mmv, mmv1, mmv4]),
-                    _ => None,
-                };
-                let mmq =
-                    MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok());
-                let mmq = match mmq {
-                    [Some(eight), Some(sixteen)] => Some([eight, sixteen]),
-                    _ => None,
-                };
+                let split = every(
+                    ["mmvs", "mmv1s", "mmv4s"]
+                        .map(|instance| function("mmv", &format!("{instance}_{suffix}")).ok()),
+                );
+                let mmq = every(
+                    MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok()),
+                );
                 Some((
                     ty,
                     Arc::new(FormatKernels {
@@ -137,5 +139,16 @@ impl<F> Kernels<F> {
     /// The kernels of storage type `ty`, if the images have them.
     pub(crate) fn format(&self, ty: GgmlType) -> Option<Arc<FormatKernels<F>>> {
         self.formats.get(&ty).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_family_is_every_instance_or_none() {
+        assert_eq!(every([Some(8), Some(16)]), Some([8, 16]));
+        assert_eq!(every([Some(8), None, Some(32)]), None);
     }
 }

@@ -206,21 +206,23 @@ impl<R: Runtime> GpuBackend<R> {
                 .map(|threads| threads / LANES)
                 .map_err(device_error::<R>("kernel attributes"))
         };
-        for (name, _, kernel) in kernels.matvecs().filter(|(_, split, _)| *split) {
+        // The kernels whose blocks have a fixed least size: a split row's warps, the
+        // tensor-core matmul's.
+        let fixed = kernels
+            .matvecs()
+            .filter(|(_, split, _)| *split)
+            .map(|(name, _, kernel)| (name, kernel, MATVEC_MAX_SPLIT as u32))
+            .chain(
+                kernels
+                    .mmqs()
+                    .map(|(name, kernel)| (name, kernel, MMQ_THREADS / LANES)),
+            );
+        for (name, kernel, needed) in fixed {
             let most = most_warps(kernel)?;
-            if most < MATVEC_MAX_SPLIT as u32 {
+            if most < needed {
                 return Err(unavailable::<R>(format!(
-                    "{device}: kernel {name} takes at most {most} warps per block, and a split \
-                     row needs {MATVEC_MAX_SPLIT}"
-                )));
-            }
-        }
-        for (name, kernel) in kernels.mmqs() {
-            let most = most_warps(kernel)?;
-            if most * LANES < MMQ_THREADS {
-                return Err(unavailable::<R>(format!(
-                    "{device}: kernel {name} takes at most {most} warps per block, and needs {}",
-                    MMQ_THREADS / LANES
+                    "{device}: kernel {name} takes at most {most} warps per block, and needs \
+                     {needed}"
                 )));
             }
         }
