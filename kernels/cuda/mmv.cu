@@ -20,7 +20,8 @@
 #define MMV_MAX_WARPS 32
 
 // The dot products of one run's 16 quants with 16 quantized activations, high and low part.
-static __device__ __forceinline__ int2 run_dots(const int q[4], const QuantizedRow &x, int start) {
+static __device__ __forceinline__ int2 run_dots(const int q[4], const QuantizedRow &x,
+                                                unsigned start) {
     int h[4], l[4];
     load16((const uint8_t *)(x.hi + start), h);
     load16((const uint8_t *)(x.lo + start), l);

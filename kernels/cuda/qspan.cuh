@@ -16,7 +16,8 @@
 struct QSpan {
     int lo[4], hi[4];
     float d_lo, m_lo, d_hi, m_hi;
-    int first, second;
+    // Unsigned, so that the activation indices they give are shifts, not signed divisions.
+    unsigned first, second;
 };
 
 // 16 bytes from a 16-byte aligned address, as four little-endian ints.
@@ -122,7 +123,8 @@ __device__ __forceinline__ QSpan qspan<BlockQ8_0>(const uint8_t *row, unsigned s
 
 // The scales and columns of span s of a Q4_K or Q5_K row, piece `l0` of the 64-element
 // `chunk` of the block at b; the caller fills in the quants.
-static __device__ __forceinline__ QSpan k4_span(const uint8_t *b, unsigned s, int chunk, int l0) {
+static __device__ __forceinline__ QSpan k4_span(const uint8_t *b, unsigned s, unsigned chunk,
+                                                 unsigned l0) {
     const ChunkScales cs = chunk_scales_k4(b, chunk);
     QSpan sp;
     sp.d_lo = cs.d_lo;
@@ -141,7 +143,7 @@ static __device__ __forceinline__ QSpan k4_span(const uint8_t *b, unsigned s, in
 template <>
 __device__ __forceinline__ QSpan qspan<BlockQ4_K>(const uint8_t *row, unsigned s) {
     const uint8_t *b = row + (size_t)(s / 8) * BlockQ4_K::BYTES;
-    const int j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
+    const unsigned j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
     QSpan sp = k4_span(b, s, chunk, l0);
     int w[4];
     load16(b + 16 + 32 * chunk + l0, w);
@@ -158,7 +160,7 @@ __device__ __forceinline__ QSpan qspan<BlockQ4_K>(const uint8_t *row, unsigned s
 template <>
 __device__ __forceinline__ QSpan qspan<BlockQ5_K>(const uint8_t *row, unsigned s) {
     const uint8_t *b = row + (size_t)(s / 8) * BlockQ5_K::BYTES;
-    const int j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
+    const unsigned j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
     QSpan sp = k4_span(b, s, chunk, l0);
     int w[4], h[4];
     load16(b + 48 + 32 * chunk + l0, w);
@@ -179,8 +181,8 @@ __device__ __forceinline__ QSpan qspan<BlockQ5_K>(const uint8_t *row, unsigned s
 template <>
 __device__ __forceinline__ QSpan qspan<BlockQ6_K>(const uint8_t *row, unsigned s) {
     const uint8_t *b = row + (size_t)(s / 8) * BlockQ6_K::BYTES;
-    const int j = s % 8, n = j / 4, m = j % 4;
-    const int shift = 2 * (m / 2);
+    const unsigned j = s % 8, n = j / 4, m = j % 4;
+    const unsigned shift = 2 * (m / 2);
     const float d = load_f16(b + 208);
     int ql[4], qh[4];
     load16_unaligned(b + 64 * n + 16 * m, ql);
@@ -209,8 +211,8 @@ struct QuantizedRow {
 };
 
 // Row `row` of quantized activations x of `cols` columns.
-static __device__ __forceinline__ QuantizedRow activation_row(const QuantizedRow &x, int cols,
-                                                              int row) {
+static __device__ __forceinline__ QuantizedRow activation_row(const QuantizedRow &x,
+                                                              unsigned cols, unsigned row) {
     const size_t r = row;
     return {x.hi + r * cols, x.lo + r * cols, x.scales + r * (cols / SPAN),
             x.sums + r * (cols / 16)};

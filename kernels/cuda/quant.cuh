@@ -86,21 +86,21 @@ static __device__ __forceinline__ int byte_of(unsigned w, int i) { return (w >> 
 
 // The 6-bit scale and minimum of sub-block j (0..8), from the block's 12 scale bytes held in
 // three words (scale_min_k4 on registers).
-static __device__ __forceinline__ void scale_min_k4_words(const unsigned q[3], int j, int *sc,
-                                                          int *m) {
-    const int i = j % 4;
-    if (j < 4) {
-        *sc = byte_of(q[0], i) & 63;
-        *m = byte_of(q[1], i) & 63;
-    } else {
-        *sc = (byte_of(q[2], i) & 0xF) | ((byte_of(q[0], i) >> 6) << 4);
-        *m = (byte_of(q[2], i) >> 4) | ((byte_of(q[1], i) >> 6) << 4);
-    }
+static __device__ __forceinline__ void scale_min_k4_words(const unsigned q[3], unsigned j,
+                                                          int *sc, int *m) {
+    const unsigned i = j % 4;
+    // Both forms, then a choice: the lanes of a warp take sub-blocks of both halves, and a
+    // branch would run each half's instructions for all of them.
+    const int sc_first = byte_of(q[0], i) & 63, m_first = byte_of(q[1], i) & 63;
+    const int sc_last = (byte_of(q[2], i) & 0xF) | ((byte_of(q[0], i) >> 6) << 4);
+    const int m_last = (byte_of(q[2], i) >> 4) | ((byte_of(q[1], i) >> 6) << 4);
+    *sc = j < 4 ? sc_first : sc_last;
+    *m = j < 4 ? m_first : m_last;
 }
 
 // The block's first 16 bytes (d, dmin and the scales) in one aligned load, not byte by byte:
 // Q4_K and Q5_K blocks are 144 and 176 bytes, so every block of a row is 16-byte aligned.
-static __device__ __forceinline__ ChunkScales chunk_scales_k4(const uint8_t *b, int chunk) {
+static __device__ __forceinline__ ChunkScales chunk_scales_k4(const uint8_t *b, unsigned chunk) {
     const uint4 head = *(const uint4 *)b;
     const float d = __half2float(__ushort_as_half((unsigned short)(head.x & 0xFFFF)));
     const float dmin = __half2float(__ushort_as_half((unsigned short)(head.x >> 16)));
