@@ -82,6 +82,27 @@ struct MatvecPart {
     float *out;
 };
 
+// The part that row `row` of the launch's parts lies in, and its row there; false past them all.
+// Chosen by comparisons, not by indexing an array, which would put the parts in memory.
+template <int PARTS>
+static __device__ __forceinline__ bool locate_row(MatvecPart &part, const MatvecPart &second,
+                                                  const MatvecPart &third, int &row) {
+    if (row < part.rows) {
+        return true;
+    }
+    if (PARTS == 1) {
+        return false;
+    }
+    row -= part.rows;
+    part = second;
+    if (row < part.rows) {
+        return true;
+    }
+    row -= part.rows;
+    part = third;
+    return row < part.rows;
+}
+
 // Quantized weights times quantized activations, TOKENS activation rows at a time; cols is a
 // multiple of 32. With PARTS = 3, one launch covers up to three matrices of the same format and
 // width over the same activations (a layer's q, k and v; its gate and up), warp r taking row r
@@ -105,20 +126,8 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
                               const float *x_sums, int tokens) {
     const int lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
-    // Chosen by comparisons, not by indexing an array, which would put the parts in memory.
-    if (row >= part.rows) {
-        if (PARTS == 1) {
-            return;
-        }
-        row -= part.rows;
-        part = second;
-        if (row >= part.rows) {
-            row -= part.rows;
-            part = third;
-            if (row >= part.rows) {
-                return;
-            }
-        }
+    if (!locate_row<PARTS>(part, second, third, row)) {
+        return;
     }
     const uint8_t *w_row = part.w + (size_t)row * row_bytes;
     START_NEXT_KERNEL();
@@ -133,6 +142,62 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
         dot_spans<Block, TOKENS>(acc, w_row, lane, spans, cols, {x_hi, x_lo, x_scales, x_sums},
                                  t0, n);
         write_sums<TOKENS>(acc, n, t0, part.rows, row, b, part.out);
+    }
+}
+
+// mmv_q8 for one activation row, two weight rows per warp, for rows of 32k + 16 spans (the
+// 1.5B's 1,536 columns are 48), which leave half the lanes idle in a warp's last turn: the warp
+// takes the 2 * spans spans of rows 2w and 2w + 1 as one run, lane i spans i, i + 32, ..., and
+// so makes three turns where two warps make four. Each row's spans still fall to the lanes of
+// mmv_q8, and in its order: the second row's are those of lane i ^ 16, and the first level of
+// the warp's butterfly adds lanes i and i ^ 16, so every sum is the same, operands swapped, and
+// floating-point addition is commutative. The host launches it only for such rows.
+template <typename Block, int PARTS>
+static __device__ void mmv_q8_pairs(const MatvecPart first, const MatvecPart second,
+                                    const MatvecPart third, unsigned long long row_bytes,
+                                    int cols, const signed char *x_hi, const signed char *x_lo,
+                                    const float2 *x_scales, const float *x_sums, int tokens) {
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int pair = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    MatvecPart part0 = first, part1 = first;
+    int row0 = 2 * pair, row1 = 2 * pair + 1;
+    if (!locate_row<PARTS>(part0, second, third, row0)) {
+        return;
+    }
+    const bool has_row1 = locate_row<PARTS>(part1, second, third, row1);
+    const uint8_t *w0 = part0.w + (size_t)row0 * row_bytes;
+    const uint8_t *w1 = has_row1 ? part1.w + (size_t)row1 * row_bytes : w0;
+    START_NEXT_KERNEL();
+    // The rows' weights are on their way while the kernel before finishes.
+    prefetch_l2(w0, 0, row_bytes);
+    if (has_row1) {
+        prefetch_l2(w1, 0, row_bytes);
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
+    const float b0 = part0.bias ? part0.bias[row0] : 0.0f;
+    const float b1 = has_row1 && part1.bias ? part1.bias[row1] : 0.0f;
+    const unsigned spans = cols / SPAN, end = has_row1 ? 2 * spans : spans;
+    for (int t = 0; t < tokens; t++) {
+        const QuantizedRow x = activation_row({x_hi, x_lo, x_scales, x_sums}, cols, t);
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 1
+        for (unsigned s = lane; s < end; s += WARP_SIZE) {
+            const bool second_row = s >= spans;
+            const float value =
+                qspan_dot(qspan<Block>(second_row ? w1 : w0, second_row ? s - spans : s), x);
+            if (second_row) {
+                acc1 += value;
+            } else {
+                acc0 += value;
+            }
+        }
+        const float sum0 = warp_sum(acc0), sum1 = warp_sum(acc1);
+        if (lane == 0) {
+            part0.out[(size_t)t * part0.rows + row0] = sum0 + b0;
+            if (has_row1) {
+                part1.out[(size_t)t * part1.rows + row1] = sum1 + b1;
+            }
+        }
     }
 }
 
@@ -247,6 +312,18 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
                                      {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,    \
                                      x_scales, x_sums, tokens);                                \
     }
+// The one-row matvec of `Block` with weight rows in pairs, as `symbol`.
+#define PAIRS_INSTANCE(symbol, Block)                                                          \
+    extern "C" __global__ void symbol(                                                         \
+        const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
+        int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
+        const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
+        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
+        const float *x_sums, int tokens) {                                                     \
+        mmv_q8_pairs<Block, 3>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},            \
+                               {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,          \
+                               x_scales, x_sums, tokens);                                      \
+    }
 // The same as `symbol`, for rows split into pieces of split_spans spans.
 #define SPLIT_INSTANCE(symbol, Block, TOKENS)                                                  \
     extern "C" __global__ void symbol(const uint8_t *w, int rows, const float *bias,           \
@@ -260,6 +337,7 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
 #define QUANT_INSTANCES(name, Block)                                                           \
     QUANT_INSTANCE(mmv_##name, Block, MMV_TOKENS, 1)                                           \
     QUANT_INSTANCE(mmv1_##name, Block, 1, 3)                                                   \
+    PAIRS_INSTANCE(mmv1p_##name, Block)                                                        \
     QUANT_INSTANCE(mmv4_##name, Block, 4, 3)                                                   \
     SPLIT_INSTANCE(mmvs_##name, Block, MMV_TOKENS)                                             \
     SPLIT_INSTANCE(mmv1s_##name, Block, 1)                                                     \

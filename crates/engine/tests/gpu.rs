@@ -301,9 +301,11 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 #[test]
 #[ignore = "needs a GPU"]
 fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
-    // 40 weight rows: two whole blocks of 16 and part of a third. 8,960 columns are split
-    // between warps (the 1.5B's down projection), 1,536 are not.
-    const ROWS: usize = 40;
+    // 8,960 columns are split between warps (the 1.5B's down projection), in 41 weight rows:
+    // two whole blocks of 16 and part of a third. 1,536 are not, and in as many rows as the
+    // 1.5B's gate and up the one-row matvec takes them two per warp: 8,193 rows end with a
+    // row alone.
+    const SHAPES: [(usize, usize); 2] = [(1536, 8193), (8960, 41)];
     const VOCAB: usize = 64;
     // Only the embedding runs: the rotary tables go unused.
     const ROPE: Rope = Rope {
@@ -329,7 +331,7 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
     );
     let mut rng = Rng::seeded(11);
     for (ty, _) in SCALE_OFFSETS {
-        for cols in [1536, 8960] {
+        for (cols, rows) in SHAPES {
             // Activations of either sign, some 50 times the rest, as a model's are.
             let table: Vec<f32> = (0..VOCAB * cols)
                 .map(|_| {
@@ -342,7 +344,7 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                     }
                 })
                 .collect();
-            let bias: Vec<f32> = (0..ROWS).map(|i| i as f32 / 8.0 - 2.0).collect();
+            let bias: Vec<f32> = (0..rows).map(|i| i as f32 / 8.0 - 2.0).collect();
             let mut writer = GgufWriter::new();
             writer
                 .tensor(
@@ -353,11 +355,11 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                 )
                 .tensor(
                     "w",
-                    &[cols as u64, ROWS as u64],
+                    &[cols as u64, rows as u64],
                     ty,
-                    random_weights(ty, ROWS, cols, &mut rng),
+                    random_weights(ty, rows, cols, &mut rng),
                 )
-                .tensor("bias", &[ROWS as u64], GgmlType::F32, f32_bytes(&bias));
+                .tensor("bias", &[rows as u64], GgmlType::F32, f32_bytes(&bias));
             let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
             // The table, the weights and the bias on each backend, for every row count.
             let loaded: Vec<_> = backends
@@ -389,10 +391,10 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                         let mut device_batch = gpu.batch(capacity, ROPE).unwrap();
                         gpu.set_batch(&mut device_batch, &batch).unwrap();
                         let mut x = gpu.activations(tokens, cols).unwrap();
-                        let mut out = gpu.activations(tokens, ROWS).unwrap();
+                        let mut out = gpu.activations(tokens, rows).unwrap();
                         gpu.embed(table, &device_batch, &mut x).unwrap();
                         gpu.matmul(w, Some(bias), &x, tokens, &mut out).unwrap();
-                        let mut host = vec![0.0; tokens * ROWS];
+                        let mut host = vec![0.0; tokens * rows];
                         gpu.read_rows(&out, tokens, &mut host).unwrap();
                         host
                     })
@@ -411,7 +413,7 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
         }
     }
     println!(
-        "{} formats x 1,536 and 8,960 columns x 1 to 40 rows: the tensor cores equal the matvecs bit for bit",
+        "{} formats x 1,536 and 8,960 columns x 1 to 40 activation rows: the tensor cores equal the matvecs bit for bit",
         SCALE_OFFSETS.len()
     );
 }

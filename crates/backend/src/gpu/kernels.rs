@@ -30,6 +30,8 @@ pub(crate) struct FormatKernels<F> {
     /// The matvec of exactly one quantized activation row (a decode step); the float formats
     /// have none.
     pub(crate) mmv1: Option<F>,
+    /// `mmv1` taking weight rows two per warp (`mmv_q8_pairs`), present with it.
+    pub(crate) mmv1p: Option<F>,
     /// The matvec of up to four quantized activation rows (a short verify step); the float
     /// formats have none.
     pub(crate) mmv4: Option<F>,
@@ -64,6 +66,7 @@ impl<F> Kernels<F> {
                 let mmv = function("mmv", &format!("mmv_{suffix}")).ok()?;
                 let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
                 let mmv1 = function("mmv", &format!("mmv1_{suffix}")).ok();
+                let mmv1p = function("mmv", &format!("mmv1p_{suffix}")).ok();
                 let mmv4 = function("mmv", &format!("mmv4_{suffix}")).ok();
                 let split = every(
                     ["mmvs", "mmv1s", "mmv4s"]
@@ -78,6 +81,7 @@ impl<F> Kernels<F> {
                         ty,
                         mmv,
                         mmv1,
+                        mmv1p,
                         mmv4,
                         split,
                         mmq,
@@ -124,6 +128,7 @@ impl<F> Kernels<F> {
             [
                 ("mmv", false, Some(&f.mmv)),
                 ("mmv1", false, f.mmv1.as_ref()),
+                ("mmv1p", false, f.mmv1p.as_ref()),
                 ("mmv4", false, f.mmv4.as_ref()),
                 ("mmvs", true, split.map(|s| &s[0])),
                 ("mmv1s", true, split.map(|s| &s[1])),

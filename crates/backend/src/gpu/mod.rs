@@ -71,6 +71,12 @@ const MATVEC_FUSED_ROWS: usize = 4;
 /// (`mmv_q8_split`): a warp then waits for two spans' loads in turn, not nine. On the H200 with
 /// the 1.5B model: decode 3% faster, prefill 9%, 16 sequences 8% (README, "CUDA").
 const MATVEC_SPLIT_SPANS: usize = 64;
+/// The fewest weight rows a one-row matvec launch takes two per warp ([`matvec_pairs`]). A pass
+/// with fewer rows than the GPU holds warps at once waits on one warp's chain of loads, which
+/// pairing lengthens by half: on the H200 (132 SMs, about 40 matvec warps each) the 1.5B's
+/// q and k (1,792 rows) took 6.9 µs in pairs against 6.3, its gate and up (17,920) 17.2 against
+/// 19.6 (`ncu`, one decode step).
+const MATVEC_PAIRS_MIN_ROWS: usize = 8192;
 /// The most warps a row is split between.
 const MATVEC_MAX_SPLIT: usize = 8;
 /// Weight rows per block of the tensor-core matmul (`MMQ_ROWS`).
@@ -384,6 +390,7 @@ impl<R: Runtime> GpuBackend<R> {
         format: &'f FormatKernels<R::Function>,
         rows: usize,
         cols: usize,
+        weight_rows: usize,
     ) -> (&'f R::Function, MatvecLaunch) {
         if let Some(mmq) = &format.mmq
             && rows >= self.tuning.mmq_rows as usize
@@ -417,6 +424,10 @@ impl<R: Runtime> GpuBackend<R> {
             };
         }
         match (&format.mmv1, &format.mmv4) {
+            (Some(_), _) if one_row && matvec_pairs(cols, weight_rows) => match &format.mmv1p {
+                Some(mmv1p) => (mmv1p, MatvecLaunch::Pairs),
+                None => unreachable!("a format with a one-row matvec has its paired instance"),
+            },
             (Some(mmv1), _) if one_row => (mmv1, MatvecLaunch::Parts),
             (_, Some(mmv4)) if four_rows => (mmv4, MatvecLaunch::Parts),
             _ => (&format.mmv, MatvecLaunch::Alone),
@@ -434,7 +445,8 @@ impl<R: Runtime> GpuBackend<R> {
         parts: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
         let format = &parts[0].matrix.format;
-        let (mmv, launch) = self.matvec_instance(format, rows, parts[0].matrix.cols);
+        let weight_rows = parts.iter().map(|p| p.matrix.rows).sum();
+        let (mmv, launch) = self.matvec_instance(format, rows, parts[0].matrix.cols, weight_rows);
         let warps = self.tuning.matvec_warps;
         if format.mmv1.is_none() {
             // The float formats take f32 activations.
@@ -490,7 +502,7 @@ impl<R: Runtime> GpuBackend<R> {
                     block_rows * pieces * LANES,
                 ))
             }
-            MatvecLaunch::Parts | MatvecLaunch::Alone => None,
+            MatvecLaunch::Parts | MatvecLaunch::Pairs | MatvecLaunch::Alone => None,
         };
         if let Some((piece_spans, grid, block)) = alone {
             let [Projection { matrix, bias, out }] = parts else {
@@ -508,12 +520,10 @@ impl<R: Runtime> GpuBackend<R> {
             args.extend(activations);
             return self.launch("matmul", mmv, grid, block, &args);
         }
-        let mut weight_rows = 0;
         let mut args = Vec::with_capacity(4 * MATVEC_PARTS + 7);
         for i in 0..MATVEC_PARTS {
             match parts.get_mut(i) {
                 Some(Projection { matrix, bias, out }) => {
-                    weight_rows += matrix.rows;
                     args.extend([
                         matrix.data.arg(),
                         int(matrix.rows),
@@ -526,7 +536,8 @@ impl<R: Runtime> GpuBackend<R> {
         }
         args.extend([(row_bytes as u64).into(), int(cols)]);
         args.extend(activations);
-        let grid = (weight_rows as u32).div_ceil(warps);
+        let rows_per_warp = if launch == MatvecLaunch::Pairs { 2 } else { 1 };
+        let grid = (weight_rows as u32).div_ceil(rows_per_warp * warps);
         self.launch("matmul", mmv, grid, warps * LANES, &args)
     }
 
@@ -1045,8 +1056,14 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         while let Some(first) = rest.first() {
             // Matrices launched together share one format (and so, with the width checked
             // above, one row length).
-            let (_, launch) = self.matvec_instance(&first.matrix.format, rows, first.matrix.cols);
-            let together = if launch == MatvecLaunch::Parts {
+            // Whether the instance takes several matrices does not depend on their rows.
+            let (_, launch) = self.matvec_instance(
+                &first.matrix.format,
+                rows,
+                first.matrix.cols,
+                first.matrix.rows,
+            );
+            let together = if matches!(launch, MatvecLaunch::Parts | MatvecLaunch::Pairs) {
                 rest.iter()
                     .take(MATVEC_PARTS)
                     .take_while(|p| Arc::ptr_eq(&p.matrix.format, &first.matrix.format))
@@ -1302,6 +1319,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
 enum MatvecLaunch {
     /// Over up to [`MATVEC_PARTS`] matrices of one format, one warp per row.
     Parts,
+    /// As `Parts`, two rows per warp ([`matvec_pairs`]).
+    Pairs,
     /// Over one matrix, one warp per row.
     Alone,
     /// Over one matrix, each row cut into `pieces` of `piece_spans` spans, one warp each.
@@ -1325,6 +1344,18 @@ fn matvec_split(cols: usize) -> Option<(u32, u32)> {
     Some((pieces as u32, piece_spans as u32))
 }
 
+/// Whether the one-row matvec takes `weight_rows` rows of `cols` columns two per warp
+/// (`mmv_q8_pairs`): rows of 32k + 16 spans, whose last turn leaves half of a warp's lanes
+/// idle, and which as pairs fall to the same lanes in the same order (the kernel says why), in
+/// launches of at least [`MATVEC_PAIRS_MIN_ROWS`]. Split rows never are. Either way a row gets
+/// the same bits.
+fn matvec_pairs(cols: usize, weight_rows: usize) -> bool {
+    let spans = cols / QUANT_GROUP;
+    spans <= MATVEC_SPLIT_SPANS
+        && spans % LANES as usize == LANES as usize / 2
+        && weight_rows >= MATVEC_PAIRS_MIN_ROWS
+}
+
 /// Blocks for a grid-stride loop over `n` elements.
 fn elementwise_grid(n: u64) -> u32 {
     n.div_ceil(u64::from(ROW_THREADS)).min(4096) as u32
@@ -1344,5 +1375,21 @@ mod tests {
         assert_eq!(matvec_split(8960), Some((5, 56)));
         // At most MATVEC_MAX_SPLIT pieces, however wide.
         assert_eq!(matvec_split(18944), Some((8, 74)));
+    }
+
+    #[test]
+    fn only_many_unsplit_rows_of_32k_plus_16_spans_go_two_per_warp() {
+        // The 1.5B's gate and up projections: 48 spans, 17,920 rows.
+        assert!(matvec_pairs(1536, 17920));
+        assert!(matvec_pairs(512, MATVEC_PAIRS_MIN_ROWS));
+        // Its q and k, o: too few rows.
+        assert!(!matvec_pairs(1536, 1792));
+        assert!(!matvec_pairs(1536, 1536));
+        // The 0.5B's width (28 spans), SmolLM2's (18), and whole warps' worth.
+        assert!(!matvec_pairs(896, 17920));
+        assert!(!matvec_pairs(576, 17920));
+        assert!(!matvec_pairs(1024, 17920));
+        // 80 spans, but split.
+        assert!(!matvec_pairs(2560, 17920));
     }
 }
