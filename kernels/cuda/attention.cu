@@ -14,27 +14,88 @@ extern "C" __global__ void store_kv(const float *k, const float *v, const unsign
               blockIdx.x);
 }
 
-// The most warps per block (GpuTuning::MAX_ATTENTION_WARPS) and the widest head.
+// The most warps per block (GpuTuning::MAX_ATTENTION_WARPS).
 #define ATTENTION_MAX_WARPS 16
-#define ATTENTION_MAX_HEAD_DIM 256
-#define ATTENTION_MAX_PER_LANE (ATTENTION_MAX_HEAD_DIM / WARP_SIZE)
 
-// One block per (token, query head), of as many warps as the launch has (the host profile's
-// attention_warps), over positions 0..=position of the token's sequence, whose block table
-// starts at block_ids[table_offsets[t]]. The positions go in tiles of 32, warp w of W taking
-// tiles w, w + W, ...: each lane scores one
-// position of the tile (a whole K row against q, held in shared memory), the warp updates its
-// online softmax once per tile, and each lane accumulates V over the tile for its own
-// head_dim / 32 dimensions. The warps' partial results are merged in a fixed order, so a token's
-// output depends only on its own sequence. head_dim must be a multiple of 32 (the caller checks).
-// With `quantized.hi` set, the output is also quantized for the output projection.
-extern "C" __global__ void attention(const float *q, const __half *k_cache, const __half *v_cache,
-                                     const unsigned *positions, const unsigned *table_offsets,
-                                     const unsigned *block_ids, int block_tokens, int tokens,
-                                     int heads, int kv_heads, int head_dim, float scale,
-                                     float *out, QuantizedOut quantized) {
-    __shared__ float q_shared[ATTENTION_MAX_HEAD_DIM];
-    __shared__ float acc_shared[ATTENTION_MAX_WARPS][ATTENTION_MAX_HEAD_DIM];
+// The 32-bit words of PER_LANE halves at p (the last one's high half 0 when PER_LANE is odd),
+// with the widest loads that p's alignment (2 * PER_LANE bytes, as a lane's dimensions of a
+// cache row are) allows.
+template <int PER_LANE>
+static __device__ __forceinline__ void load_half_words(const __half *p,
+                                                       unsigned words[(PER_LANE + 1) / 2]) {
+    if constexpr (PER_LANE % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < PER_LANE / 8; i++) {
+            const uint4 w = ((const uint4 *)p)[i];
+            words[4 * i] = w.x;
+            words[4 * i + 1] = w.y;
+            words[4 * i + 2] = w.z;
+            words[4 * i + 3] = w.w;
+        }
+    } else if constexpr (PER_LANE % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < PER_LANE / 4; i++) {
+            const uint2 w = ((const uint2 *)p)[i];
+            words[2 * i] = w.x;
+            words[2 * i + 1] = w.y;
+        }
+    } else if constexpr (PER_LANE % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < PER_LANE / 2; i++) {
+            words[i] = ((const unsigned *)p)[i];
+        }
+    } else {
+        const unsigned short *h = (const unsigned short *)p;
+#pragma unroll
+        for (int i = 0; i < (PER_LANE + 1) / 2; i++) {
+            words[i] = h[2 * i] | (2 * i + 1 < PER_LANE ? (unsigned)h[2 * i + 1] << 16 : 0u);
+        }
+    }
+}
+
+// Half d of the halves packed in words, as a float.
+static __device__ __forceinline__ float half_at(const unsigned *words, int d) {
+    return __half2float(__ushort_as_half((unsigned short)(words[d / 2] >> (16 * (d % 2)))));
+}
+
+// +0.0f, from every one of the N words: a sum that starts from it, or a factor it is added to,
+// waits for all of them. Without that, ptxas issues each load of a K row or of a tile's V rows
+// just before its first use, even with registers to spare, and the warp then waits one round
+// trip to memory per load (on sm_90 the decode step's attention took 11.6 us per layer at 80
+// positions). A subnormal times zero is +0 with or without flush-to-zero.
+template <int N>
+static __device__ __forceinline__ float zero_after(const unsigned *words) {
+    unsigned all = 0;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        all ^= words[i];
+    }
+    return __int_as_float(all & 0x007FFFFFu) * 0.0f;
+}
+
+// One block per (token, query head) of heads of 32 * PER_LANE dimensions, of as many warps as
+// the launch has (the host profile's attention_warps), over positions 0..=position of the
+// token's sequence, whose block table starts at block_ids[table_offsets[t]]. The positions go
+// in tiles of 32, warp w of W taking tiles w, w + W, ...: each lane scores one position of the
+// tile (a whole K row against q, held in shared memory), the warp updates its online softmax
+// once per tile, and each lane accumulates V over the tile for its own PER_LANE dimensions. The
+// warps' partial results are merged in a fixed order, so a token's output depends only on its
+// own sequence. With `quantized.hi` set, the output is also quantized for the output
+// projection.
+//
+// A decode step's attention is a chain of dependent loads (the sequence's table, its slots, K,
+// V) in a dozen blocks, so the kernel is written for few round trips: the table's loads are in
+// flight with q's, a K row's loads go out together, and the tile's V rows, one vector load per
+// position, all at once.
+template <int PER_LANE>
+static __device__ void attention_heads(const float *q, const __half *k_cache,
+                                       const __half *v_cache, const unsigned *positions,
+                                       const unsigned *table_offsets, const unsigned *block_ids,
+                                       int block_tokens, int heads, int kv_heads, float scale,
+                                       float *out, QuantizedOut quantized) {
+    constexpr int HEAD_DIM = PER_LANE * WARP_SIZE;
+    __shared__ float q_shared[HEAD_DIM];
+    __shared__ float acc_shared[ATTENTION_MAX_WARPS][HEAD_DIM];
     __shared__ float max_shared[ATTENTION_MAX_WARPS], sum_shared[ATTENTION_MAX_WARPS];
     __shared__ float factor_shared[ATTENTION_MAX_WARPS];
     AFTER_PREVIOUS_KERNEL();
@@ -42,16 +103,15 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
     const int kv_head = head / (heads / kv_heads);
-    const int kv_width = kv_heads * head_dim;
-    const int per_lane = head_dim / WARP_SIZE;
-    const size_t q_row = (size_t)t * heads * head_dim + (size_t)head * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    const int kv_width = kv_heads * HEAD_DIM;
+    const unsigned last = positions[t];
+    const unsigned *table = block_ids + table_offsets[t];
+    const size_t q_row = (size_t)t * heads * HEAD_DIM + (size_t)head * HEAD_DIM;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
         q_shared[d] = q[q_row + d] * scale;
     }
     __syncthreads();
-    const unsigned last = positions[t];
-    const unsigned *table = block_ids + table_offsets[t];
-    float max = -INFINITY, sum = 0.0f, acc[ATTENTION_MAX_PER_LANE] = {0};
+    float max = -INFINITY, sum = 0.0f, acc[PER_LANE] = {0};
     for (unsigned tile = 32u * warp; tile <= last; tile += 32u * warps) {
         const unsigned p = tile + lane;
         const bool valid = p <= last;
@@ -59,18 +119,14 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
         float score = -INFINITY;
         if (valid) {
             slot = table[p / block_tokens] * block_tokens + p % block_tokens;
-            const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * head_dim;
-            score = 0.0f;
-            // Unrolled so that a lane's K loads are in flight together.
-#pragma unroll 8
-            for (int d = 0; d < head_dim; d += 8) {
-                const uint4 packed = *(const uint4 *)(k + d);
-                const __half2 *h = (const __half2 *)&packed;
+            const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
+            unsigned row[HEAD_DIM / 2];
+            load_half_words<HEAD_DIM>(k, row);
+            score = zero_after<HEAD_DIM / 2>(row);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 f = __half22float2(h[i]);
-                    score += q_shared[d + 2 * i] * f.x + q_shared[d + 2 * i + 1] * f.y;
-                }
+            for (int d = 0; d < HEAD_DIM; d += 2) {
+                const float2 f = __half22float2(*(const __half2 *)&row[d / 2]);
+                score += q_shared[d] * f.x + q_shared[d + 1] * f.y;
             }
         }
         const float new_max = fmaxf(max, warp_max(score));
@@ -78,24 +134,34 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
         const float weight = valid ? __expf(score - new_max) : 0.0f;
         sum = sum * correction + warp_sum(weight);
 #pragma unroll
-        for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
+        for (int i = 0; i < PER_LANE; i++) {
             acc[i] *= correction;
         }
         const int count = min(32, (int)(last - tile) + 1);
-        // A fixed trip count, unrolled, so that the V rows of several positions are loaded
-        // together (one at a time, a tile cost 32 round trips to memory); the shuffles stay
-        // outside the test, which is the same for the whole warp.
-#pragma unroll 8
-        for (int j = 0; j < WARP_SIZE; j++) {
-            const float w = SHFL(weight, j);
-            const unsigned slot_j = SHFL(slot, j);
-            if (j < count) {
-                const __half *v = v_cache + (size_t)slot_j * kv_width +
-                                  (size_t)kv_head * head_dim + (size_t)lane * per_lane;
+        // The V rows of a group of positions, this lane's dimensions of each, all loaded before
+        // any is used (past the sequence's end those of slot 0, a lane's slot there); only the
+        // sequence's positions are added. A group's words fill at most 64 registers.
+        constexpr int WORDS = (PER_LANE + 1) / 2;
+        constexpr int GROUP = 64 / WORDS < WARP_SIZE ? 64 / WORDS : WARP_SIZE;
 #pragma unroll
-                for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
-                    if (i < per_lane) {
-                        acc[i] += w * __half2float(v[i]);
+        for (int j0 = 0; j0 < WARP_SIZE; j0 += GROUP) {
+            unsigned v[GROUP * WORDS];
+#pragma unroll
+            for (int j = 0; j < GROUP; j++) {
+                load_half_words<PER_LANE>(v_cache + (size_t)SHFL(slot, j0 + j) * kv_width +
+                                              (size_t)kv_head * HEAD_DIM +
+                                              (size_t)lane * PER_LANE,
+                                          v + j * WORDS);
+            }
+            const float zero = zero_after<GROUP * WORDS>(v);
+#pragma unroll
+            for (int j = 0; j < GROUP; j++) {
+                // The weights are at least +0, so adding +0 changes none.
+                const float w = SHFL(weight, j0 + j) + zero;
+                if (j0 + j < count) {
+#pragma unroll
+                    for (int i = 0; i < PER_LANE; i++) {
+                        acc[i] += w * half_at(v + j * WORDS, i);
                     }
                 }
             }
@@ -107,10 +173,8 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
         sum_shared[warp] = sum;
     }
 #pragma unroll
-    for (int i = 0; i < ATTENTION_MAX_PER_LANE; i++) {
-        if (i < per_lane) {
-            acc_shared[warp][lane * per_lane + i] = acc[i];
-        }
+    for (int i = 0; i < PER_LANE; i++) {
+        acc_shared[warp][lane * PER_LANE + i] = acc[i];
     }
     __syncthreads();
     if (threadIdx.x < warps) {
@@ -127,16 +191,38 @@ extern "C" __global__ void attention(const float *q, const __half *k_cache, cons
     for (int w = 0; w < warps; w++) {
         total += sum_shared[w] * factor_shared[w];
     }
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
         float value = 0.0f;
         for (int w = 0; w < warps; w++) {
             value += acc_shared[w][d] * factor_shared[w];
         }
         out[q_row + d] = value / total;
         // Warp w writes 32 consecutive values, one group of the quantized copy the output
-        // projection takes (head_dim is a multiple of 32, so every lane of the warp is here).
+        // projection takes (HEAD_DIM is a multiple of 32, so every lane of the warp is here).
         if (quantized.hi != nullptr) {
             quantize_group(value / total, (long long)(q_row + d) / WARP_SIZE, quantized);
         }
     }
 }
+
+// attention_heads for heads of `head_dim` dimensions, as attention_<head_dim>.
+#define ATTENTION_INSTANCE(head_dim)                                                           \
+    extern "C" __global__ void __launch_bounds__(ATTENTION_MAX_WARPS *WARP_SIZE)               \
+        attention_##head_dim(                                                                  \
+        const float *q, const __half *k_cache, const __half *v_cache,                          \
+        const unsigned *positions, const unsigned *table_offsets, const unsigned *block_ids,   \
+        int block_tokens, int heads, int kv_heads, float scale, float *out,                    \
+        QuantizedOut quantized) {                                                              \
+        attention_heads<head_dim / WARP_SIZE>(q, k_cache, v_cache, positions, table_offsets,   \
+                                              block_ids, block_tokens, heads, kv_heads, scale,  \
+                                              out, quantized);                                  \
+    }
+// Every multiple of 32 up to 256 (HEAD_DIMS in crates/backend/src/gpu/mod.rs).
+ATTENTION_INSTANCE(32)
+ATTENTION_INSTANCE(64)
+ATTENTION_INSTANCE(96)
+ATTENTION_INSTANCE(128)
+ATTENTION_INSTANCE(160)
+ATTENTION_INSTANCE(192)
+ATTENTION_INSTANCE(224)
+ATTENTION_INSTANCE(256)

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use lucebox_gguf::GgmlType;
 
+use super::HEAD_DIMS;
+
 /// Every kernel, loaded for one device.
 pub(crate) struct Kernels<F> {
     formats: HashMap<GgmlType, Arc<FormatKernels<F>>>,
@@ -13,7 +15,8 @@ pub(crate) struct Kernels<F> {
     pub(crate) rope: F,
     pub(crate) rope_store_kv: F,
     pub(crate) store_kv: F,
-    pub(crate) attention: F,
+    /// Attention for heads of 32, 64, ... [`HEAD_DIMS`]`.max` dimensions, in that order.
+    attention: Vec<F>,
     pub(crate) silu_mul: F,
     pub(crate) add: F,
     pub(crate) gather_rows: F,
@@ -42,6 +45,11 @@ pub(crate) struct FormatKernels<F> {
     /// absent where the images have none (HIP, the float formats).
     pub(crate) mmq: Option<[F; 2]>,
     pub(crate) get_rows: F,
+}
+
+/// The name of the attention kernel for heads of `head_dim` dimensions.
+fn attention_name(head_dim: usize) -> String {
+    format!("attention_{head_dim}")
 }
 
 /// The activation rows per block of each `FormatKernels::mmq` instance, smallest first.
@@ -97,13 +105,32 @@ impl<F> Kernels<F> {
             rope: function("rope", "rope")?,
             rope_store_kv: function("rope", "rope_store_kv")?,
             store_kv: function("attention", "store_kv")?,
-            attention: function("attention", "attention")?,
+            attention: (1..=HEAD_DIMS.max / HEAD_DIMS.multiple_of)
+                .map(|k| function("attention", &attention_name(k * HEAD_DIMS.multiple_of)))
+                .collect::<Result<_, _>>()?,
             silu_mul: function("elementwise", "silu_mul")?,
             add: function("elementwise", "add")?,
             gather_rows: function("elementwise", "gather_rows")?,
             argmax_rows: function("argmax", "argmax_rows")?,
             quantize_q8: function("quantize", "quantize_q8")?,
         })
+    }
+
+    /// The attention kernel for heads of `head_dim` dimensions, if there is one.
+    pub(crate) fn attention(&self, head_dim: usize) -> Option<&F> {
+        if !head_dim.is_multiple_of(HEAD_DIMS.multiple_of) {
+            return None;
+        }
+        self.attention
+            .get((head_dim / HEAD_DIMS.multiple_of).checked_sub(1)?)
+    }
+
+    /// Every attention kernel, with its name.
+    pub(crate) fn attentions(&self) -> impl Iterator<Item = (String, &F)> {
+        self.attention
+            .iter()
+            .enumerate()
+            .map(|(i, kernel)| (attention_name((i + 1) * HEAD_DIMS.multiple_of), kernel))
     }
 
     /// Every tensor-core matmul kernel, with its name.

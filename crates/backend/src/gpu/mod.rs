@@ -36,8 +36,8 @@ const LANES: u32 = 32;
 /// Warps per block of the small kernels that give each warp one item (a group of 32 values to
 /// quantize, a head to normalise).
 const WARPS_PER_BLOCK: u32 = 4;
-/// The heads the attention kernel takes: each lane holds head_dim / 32 dimensions, at most
-/// `ATTENTION_MAX_PER_LANE`.
+/// The heads the attention kernels take, one kernel per length (`attention_<head_dim>`): each
+/// lane holds head_dim / 32 dimensions.
 const HEAD_DIMS: HeadDims = HeadDims {
     max: 256,
     multiple_of: 32,
@@ -232,15 +232,13 @@ impl<R: Runtime> GpuBackend<R> {
                 )));
             }
         }
-        let tuned = kernels
-            .matvecs()
-            .map(|(name, _, kernel)| ("matvec_warps", tuning.matvec_warps, name, kernel))
-            .chain([(
-                "attention_warps",
-                tuning.attention_warps,
-                "attention".to_owned(),
-                &kernels.attention,
-            )]);
+        let tuned =
+            kernels
+                .matvecs()
+                .map(|(name, _, kernel)| ("matvec_warps", tuning.matvec_warps, name, kernel))
+                .chain(kernels.attentions().map(|(name, kernel)| {
+                    ("attention_warps", tuning.attention_warps, name, kernel)
+                }));
         for (value, warps, name, kernel) in tuned {
             let most = most_warps(kernel)?;
             if warps > most {
@@ -1201,12 +1199,23 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             q.dims(),
             out.dims(),
         )?;
+        let kernel = self
+            .kernels
+            .attention(shape.head_dim)
+            .ok_or_else(|| Error::Shape {
+                op: "attention",
+                detail: format!(
+                    "heads of {} dimensions: the {} backend has no attention kernel for them",
+                    shape.head_dim,
+                    R::NAME
+                ),
+            })?;
         let rows = batch.host.len();
         let d = &batch.device;
         let (out, quantized) = out.written_quantized(rows);
         self.launch(
             "attention",
-            &self.kernels.attention,
+            kernel,
             (rows * shape.heads) as u32,
             self.tuning.attention_warps * LANES,
             &[
@@ -1217,10 +1226,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 d.table_offsets.arg(),
                 d.block_ids.arg(),
                 int(l.block_tokens),
-                int(rows),
                 int(shape.heads),
                 int(shape.kv_heads),
-                int(shape.head_dim),
                 shape.scale.into(),
                 out,
                 quantized,
