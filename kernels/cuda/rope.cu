@@ -3,6 +3,15 @@
 
 #include "kv.cuh"
 
+// The pair (h[ia], h[ib]) rotated by the angle of cosine c and sine s, in place; returns it.
+static __device__ __forceinline__ float2 rotate_pair(float *h, int ia, int ib, float c, float s) {
+    const float a = h[ia], b = h[ib];
+    const float2 r = make_float2(a * c - b * s, a * s + b * c);
+    h[ia] = r.x;
+    h[ib] = r.y;
+    return r;
+}
+
 // Rotates the heads of token t's row of `cols` values (its pairs spread over the block's
 // threads). `neox` pairs (i, i + rotary_dims/2), else adjacent dimensions (2i, 2i+1).
 static __device__ __forceinline__ void rotate_row(float *x, const float *cos_table,
@@ -15,10 +24,7 @@ static __device__ __forceinline__ void rotate_row(float *x, const float *cos_tab
         float *h = x + (size_t)t * cols + (size_t)head * head_dim;
         const int ia = neox ? i : 2 * i;
         const int ib = neox ? i + half : 2 * i + 1;
-        const float c = cos_table[(size_t)t * half + i], s = sin_table[(size_t)t * half + i];
-        const float a = h[ia], b = h[ib];
-        h[ia] = a * c - b * s;
-        h[ib] = a * s + b * c;
+        rotate_pair(h, ia, ib, cos_table[(size_t)t * half + i], sin_table[(size_t)t * half + i]);
     }
 }
 
@@ -29,8 +35,12 @@ extern "C" __global__ void rope(float *x, const float *cos_table, const float *s
     rotate_row(x, cos_table, sin_table, blockIdx.x, cols, head_dim, rotary_dims, neox);
 }
 
-// One block per token: rope on its q and k rows, then its rotated k row and its v row into its
-// cache slot (store_kv's work), in one launch instead of three.
+// One block per token: rope on its q and k rows, and its rotated k row and its v row into its
+// cache slot (store_kv's work), in one launch instead of three. Each thread rotates one pair of
+// q or k (the host gives the block as many threads as a token has pairs, up to 1,024) and puts
+// a k pair into the cache itself, and v and k's unrotated dimensions go straight to the cache,
+// so that no value waits for another thread: a decode step's token is one round trip to memory
+// and back, where rotating q, then k, then copying took one each.
 extern "C" __global__ void rope_store_kv(float *q, float *k, const float *v,
                                          const float *cos_table, const float *sin_table,
                                          int q_cols, int kv_cols, int head_dim, int rotary_dims,
@@ -39,10 +49,29 @@ extern "C" __global__ void rope_store_kv(float *q, float *k, const float *v,
                                          int block_tokens, __half *k_cache, __half *v_cache) {
     AFTER_PREVIOUS_KERNEL();
     const int t = blockIdx.x;
-    rotate_row(q, cos_table, sin_table, t, q_cols, head_dim, rotary_dims, neox);
-    rotate_row(k, cos_table, sin_table, t, kv_cols, head_dim, rotary_dims, neox);
-    // The copy reads values other threads rotated.
-    __syncthreads();
-    store_row(k, v, positions, table_offsets, block_ids, block_tokens, kv_cols, k_cache, v_cache,
-              t);
+    const size_t slot = slot_of(positions, table_offsets, block_ids, block_tokens, t, positions[t]);
+    const size_t dst = slot * kv_cols, src = (size_t)t * kv_cols;
+    const int half = rotary_dims / 2;
+    const int q_pairs = q_cols / head_dim * half;
+    const int pairs = q_pairs + kv_cols / head_dim * half;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const bool in_k = p >= q_pairs;
+        const int pair = in_k ? p - q_pairs : p;
+        const int head = pair / half, i = pair % half;
+        const int ia = head * head_dim + (neox ? i : 2 * i);
+        const int ib = head * head_dim + (neox ? i + half : 2 * i + 1);
+        float *row = in_k ? k + src : q + (size_t)t * q_cols;
+        const float2 r = rotate_pair(row, ia, ib, cos_table[(size_t)t * half + i],
+                                     sin_table[(size_t)t * half + i]);
+        if (in_k) {
+            k_cache[dst + ia] = __float2half_rn(r.x);
+            k_cache[dst + ib] = __float2half_rn(r.y);
+        }
+    }
+    for (int j = threadIdx.x; j < kv_cols; j += blockDim.x) {
+        v_cache[dst + j] = __float2half_rn(v[src + j]);
+        if (j % head_dim >= rotary_dims) {
+            k_cache[dst + j] = __float2half_rn(k[src + j]);
+        }
+    }
 }

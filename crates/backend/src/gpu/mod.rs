@@ -30,6 +30,8 @@ pub use runtime::{KernelArg, QuantizedOut, Runtime};
 
 /// Threads per block of the row-wise kernels.
 const ROW_THREADS: u32 = 256;
+/// The most threads of a `rope_store_kv` block (one per rotated pair of a token's q and k).
+const ROPE_STORE_MAX_THREADS: u32 = 1024;
 /// Lanes per warp (CUDA) or wave (HIP): the kernels reduce over 32 lanes, and the HIP build
 /// refuses wave64 (kernels/portable.cuh).
 const LANES: u32 = 32;
@@ -1154,11 +1156,15 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let neox = i32::from(batch.rope.style == RopeStyle::Neox);
         let (q_cols, kv_cols) = (q.cols, k.cols);
         let d = &batch.device;
+        // A thread per pair of q and k that rotates, as the kernel wants, within a block's most.
+        let pairs = (q_cols + kv_cols) / head_dim * (rotary_dims / 2);
         self.launch(
             "rope_store_kv",
             &self.kernels.rope_store_kv,
             rows as u32,
-            ROW_THREADS,
+            (pairs as u32)
+                .next_multiple_of(LANES)
+                .clamp(LANES, ROPE_STORE_MAX_THREADS),
             &[
                 q.written(),
                 k.written(),
