@@ -13,14 +13,24 @@
 // checks). With `y`, the row first becomes x + y, written back to x: the residual add that ends
 // a sublayer, fused with the norm that starts the next. Thread i takes columns i,
 // i + NORM_THREADS, ... and keeps them in registers; its loads are all issued before the first
-// is used, so a row costs about one memory round trip, a block-wide sum and the writes. The
-// warps' sums of squares are added in a fixed order, so a row's result does not depend on the
-// batch. With `quantized.hi` set (cols a multiple of 32), the output is also quantized for the
-// matvec that takes it: warp w holds groups w, w + NORM_WARPS, ... of 32 columns.
+// is used, and its weights' before the previous kernel ends, so a row costs about one memory
+// round trip, a block-wide sum and the writes. The warps' sums of squares are added in a fixed
+// order, so a row's result does not depend on the batch. With `quantized.hi` set (cols a
+// multiple of 32), the output is also quantized for the matvec that takes it: warp w holds
+// groups w, w + NORM_WARPS, ... of 32 columns.
 extern "C" __global__ void rms_norm(float *x, const float *y, const float *weight, float eps,
                                     int cols, float *out, QuantizedOut quantized) {
     __shared__ float partial[NORM_WARPS];
-    AFTER_PREVIOUS_KERNEL();
+    START_NEXT_KERNEL();
+    // The thread's weights, which no kernel writes, are on their way while the kernel before
+    // finishes, instead of one more round trip to memory after the sum.
+    float w[NORM_MAX_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < NORM_MAX_PER_THREAD; i++) {
+        const int j = threadIdx.x + i * NORM_THREADS;
+        w[i] = j < cols ? weight[j] : 0.0f;
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
     const long long r = blockIdx.x;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     float *row = x + r * cols;
@@ -60,8 +70,9 @@ extern "C" __global__ void rms_norm(float *x, const float *y, const float *weigh
         if (g >= groups) {
             break;
         }
+        // Column j = g * 32 + lane is this thread's threadIdx.x + i * NORM_THREADS.
         const int j = g * WARP_SIZE + lane;
-        const float normed = j < cols ? v[i] * scale * weight[j] : 0.0f;
+        const float normed = j < cols ? v[i] * scale * w[i] : 0.0f;
         if (j < cols) {
             out[r * cols + j] = normed;
         }
