@@ -300,29 +300,18 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
     }
 }
 
-// The quantized matvec of `Block` for up to TOKENS activation rows at a time, as `symbol`.
-#define QUANT_INSTANCE(symbol, Block, TOKENS, PARTS)                                           \
+// A quantized matvec over up to three matrices as `symbol`: the device function `...`
+// (mmv_q8 or mmv_q8_pairs, with their template arguments) with the launch's parts.
+#define PARTS_INSTANCE(symbol, ...)                                                            \
     extern "C" __global__ void symbol(                                                         \
         const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
         int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
         const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
         const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
         const float *x_sums, int tokens) {                                                     \
-        mmv_q8<Block, TOKENS, PARTS>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},      \
-                                     {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,    \
-                                     x_scales, x_sums, tokens);                                \
-    }
-// The one-row matvec of `Block` with weight rows in pairs, as `symbol`.
-#define PAIRS_INSTANCE(symbol, Block)                                                          \
-    extern "C" __global__ void symbol(                                                         \
-        const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
-        int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
-        const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
-        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
-        const float *x_sums, int tokens) {                                                     \
-        mmv_q8_pairs<Block, 3>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},            \
-                               {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,          \
-                               x_scales, x_sums, tokens);                                      \
+        __VA_ARGS__({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                        \
+                    {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo, x_scales, x_sums,   \
+                    tokens);                                                                   \
     }
 // The same as `symbol`, for rows split into pieces of split_spans spans.
 #define SPLIT_INSTANCE(symbol, Block, TOKENS)                                                  \
@@ -335,10 +324,10 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
                                     x_lo, x_scales, x_sums, tokens);                           \
     }
 #define QUANT_INSTANCES(name, Block)                                                           \
-    QUANT_INSTANCE(mmv_##name, Block, MMV_TOKENS, 1)                                           \
-    QUANT_INSTANCE(mmv1_##name, Block, 1, 3)                                                   \
-    PAIRS_INSTANCE(mmv1p_##name, Block)                                                        \
-    QUANT_INSTANCE(mmv4_##name, Block, 4, 3)                                                   \
+    PARTS_INSTANCE(mmv_##name, mmv_q8<Block, MMV_TOKENS, 1>)                                   \
+    PARTS_INSTANCE(mmv1_##name, mmv_q8<Block, 1, 3>)                                           \
+    PARTS_INSTANCE(mmv1p_##name, mmv_q8_pairs<Block, 3>)                                       \
+    PARTS_INSTANCE(mmv4_##name, mmv_q8<Block, 4, 3>)                                           \
     SPLIT_INSTANCE(mmvs_##name, Block, MMV_TOKENS)                                             \
     SPLIT_INSTANCE(mmv1s_##name, Block, 1)                                                     \
     SPLIT_INSTANCE(mmv4s_##name, Block, 4)
