@@ -378,13 +378,15 @@ impl<R: Runtime> GpuBackend<R> {
         Ok(quantized)
     }
 
-    /// The matvec instance of `format` for `rows` activation rows and weight rows of `cols`
-    /// columns, and how it launches. From the host profile's `mmq_rows` rows, the tensor-core
-    /// matmul with the smallest tile that holds them (or its largest), where there is one. The
-    /// one-row instance takes any number of rows, one after another; the host profile's
-    /// `matvec_loop_rows` says up to how many. The one-row and four-row instances hold fewer
-    /// registers than the eight-row one and take up to [`MATVEC_PARTS`] matrices, unless the
-    /// rows are split ([`matvec_split`]); the float formats have one instance, for one matrix.
+    /// The matvec instance of `format` for `rows` activation rows and `weight_rows` weight rows
+    /// (of all the matrices launched together) of `cols` columns, and how it launches. From the
+    /// host profile's `mmq_rows` rows, the tensor-core matmul with the smallest tile that holds
+    /// them (or its largest), where there is one. The one-row instance takes any number of rows,
+    /// one after another; the host profile's `matvec_loop_rows` says up to how many; it takes
+    /// weight rows two per warp where [`matvec_pairs`] says. The one-row and four-row instances
+    /// hold fewer registers than the eight-row one and take up to [`MATVEC_PARTS`] matrices,
+    /// unless the rows are split ([`matvec_split`]); the float formats have one instance, for
+    /// one matrix.
     fn matvec_instance<'f>(
         &self,
         format: &'f FormatKernels<R::Function>,
