@@ -121,10 +121,17 @@ __device__ __forceinline__ QSpan qspan<BlockQ8_0>(const uint8_t *row, unsigned s
     return sp;
 }
 
-// The scales and columns of span s of a Q4_K or Q5_K row, piece `l0` of the 64-element
-// `chunk` of the block at b; the caller fills in the quants.
-static __device__ __forceinline__ QSpan k4_span(const uint8_t *b, unsigned s, unsigned chunk,
-                                                 unsigned l0) {
+// Span s of a Q4_K or Q5_K row: block s/8, 16-byte piece j = s%8 of its nibbles, which start
+// `nibbles` bytes into the block: bytes 32c + l0.. (c = j/2 the 64-element chunk, l0 = 0 or
+// 16) hold in their low nibbles elements 64c + l0.. of sub-block 2c, in their high nibbles the
+// same places of sub-block 2c+1. With `fifth`, each element's fifth bit comes from the 32 bytes
+// after the block's header: bit 2c of byte l0 + i for the low nibble, 2c+1 for the high one.
+// Blocks are 144 and 176 bytes, so every piece is 16-byte aligned.
+template <typename Block>
+static __device__ __forceinline__ QSpan k4_qspan(const uint8_t *row, unsigned s, unsigned nibbles,
+                                                 bool fifth) {
+    const uint8_t *b = row + (size_t)(s / 8) * Block::BYTES;
+    const unsigned j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
     const ChunkScales cs = chunk_scales_k4(b, chunk);
     QSpan sp;
     sp.d_lo = cs.d_lo;
@@ -133,44 +140,29 @@ static __device__ __forceinline__ QSpan k4_span(const uint8_t *b, unsigned s, un
     sp.m_hi = -cs.min_hi;
     sp.first = 256 * (s / 8) + 64 * chunk + l0;
     sp.second = sp.first + 32;
-    return sp;
-}
-
-// Q4_K: span s is block s/8, 16-byte piece j = s%8 of its qs: bytes 32c + l0.. (c = j/2 the
-// 64-element chunk, l0 = 0 or 16) hold in their low nibbles elements 64c + l0.. of sub-block
-// 2c, in their high nibbles the same places of sub-block 2c+1. Blocks are 144 bytes, so the
-// piece is 16-byte aligned.
-template <>
-__device__ __forceinline__ QSpan qspan<BlockQ4_K>(const uint8_t *row, unsigned s) {
-    const uint8_t *b = row + (size_t)(s / 8) * BlockQ4_K::BYTES;
-    const unsigned j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
-    QSpan sp = k4_span(b, s, chunk, l0);
-    int w[4];
-    load16(b + 16 + 32 * chunk + l0, w);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        sp.lo[i] = w[i] & 0x0F0F0F0F;
-        sp.hi[i] = (w[i] >> 4) & 0x0F0F0F0F;
+    int w[4], h[4] = {0, 0, 0, 0};
+    load16(b + nibbles + 32 * chunk + l0, w);
+    if (fifth) {
+        load16(b + 16 + l0, h);
     }
-    return sp;
-}
-
-// Q5_K: as Q4_K, with each element's fifth bit from qh[l0 + i] (bit 2c for the low nibble,
-// 2c+1 for the high one). Blocks are 176 bytes, so both pieces are 16-byte aligned.
-template <>
-__device__ __forceinline__ QSpan qspan<BlockQ5_K>(const uint8_t *row, unsigned s) {
-    const uint8_t *b = row + (size_t)(s / 8) * BlockQ5_K::BYTES;
-    const unsigned j = s % 8, chunk = j / 2, l0 = 16 * (j % 2);
-    QSpan sp = k4_span(b, s, chunk, l0);
-    int w[4], h[4];
-    load16(b + 48 + 32 * chunk + l0, w);
-    load16(b + 16 + l0, h);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         sp.lo[i] = (w[i] & 0x0F0F0F0F) | (((h[i] >> (2 * chunk)) & 0x01010101) << 4);
         sp.hi[i] = ((w[i] >> 4) & 0x0F0F0F0F) | (((h[i] >> (2 * chunk + 1)) & 0x01010101) << 4);
     }
     return sp;
+}
+
+// Q4_K: the nibbles follow the 16-byte header.
+template <>
+__device__ __forceinline__ QSpan qspan<BlockQ4_K>(const uint8_t *row, unsigned s) {
+    return k4_qspan<BlockQ4_K>(row, s, 16, false);
+}
+
+// Q5_K: the fifth bits follow the header, then the nibbles.
+template <>
+__device__ __forceinline__ QSpan qspan<BlockQ5_K>(const uint8_t *row, unsigned s) {
+    return k4_qspan<BlockQ5_K>(row, s, 48, true);
 }
 
 // Q6_K: span s is block s/8, piece j = s%8: half n = j/4 (128 elements), quarter m = j%4 of
