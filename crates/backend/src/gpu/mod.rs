@@ -425,13 +425,12 @@ impl<R: Runtime> GpuBackend<R> {
                 _ => (mmv, split),
             };
         }
-        match (&format.mmv1, &format.mmv4) {
-            (Some(_), _) if one_row && matvec_pairs(cols, weight_rows) => match &format.mmv1p {
-                Some(mmv1p) => (mmv1p, MatvecLaunch::Pairs),
-                None => unreachable!("a format with a one-row matvec has its paired instance"),
-            },
-            (Some(mmv1), _) if one_row => (mmv1, MatvecLaunch::Parts),
-            (_, Some(mmv4)) if four_rows => (mmv4, MatvecLaunch::Parts),
+        match (&format.mmv1, &format.mmv1p, &format.mmv4) {
+            (Some(_), Some(mmv1p), _) if one_row && matvec_pairs(cols, weight_rows) => {
+                (mmv1p, MatvecLaunch::Pairs)
+            }
+            (Some(mmv1), _, _) if one_row => (mmv1, MatvecLaunch::Parts),
+            (_, _, Some(mmv4)) if four_rows => (mmv4, MatvecLaunch::Parts),
             _ => (&format.mmv, MatvecLaunch::Alone),
         }
     }
