@@ -4,24 +4,28 @@
 //! weight row with it, over and over, and prints GB/s of weight bytes read and rows per second.
 //! With `--batch B` it quantizes B activation rows and takes each weight row's dot products with
 //! all of them at once (`WeightFormat::dot_rows`, as in a prefill); rows/s then counts dot
-//! products (weight rows times activation rows) per second.
+//! products (weight rows times activation rows) per second. Each row of the table is one
+//! activation precision (`--precisions`, both by default: the single-part figures beside the
+//! split ones of the same run).
 //! Shapes: `l1` (about 16 KiB of weights: the arithmetic alone), `l2` (about 512 KiB),
 //! `ffn_up` (8960 rows of 1536, as in Qwen2.5 1.5B), `ffn_down` (1536 rows of 8960), and `dram`
 //! (`--dram-mib` MiB of rows of 1536, larger than the caches; 0 skips it).
 //!
 //! ```text
 //! cargo run --release -p lucebox-quant --example quant-bench -- \
-//!     [--types Q4_K,Q6_K] [--isas avx2,avx512] [--seconds 0.5] [--dram-mib 1024] [--batch 1]
+//!     [--types Q4_K,Q6_K] [--isas avx2,avx512] [--seconds 0.5] [--dram-mib 1024] [--batch 1] \
+//!     [--precisions split,single]
 //! ```
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use lucebox_quant::{GgmlType, Isa, WeightFormat};
+use lucebox_quant::{ActivationPrecision, GgmlType, Isa, WeightFormat};
 
 struct Options {
     types: Vec<GgmlType>,
     isas: Vec<Isa>,
+    precisions: Vec<ActivationPrecision>,
     seconds: f64,
     dram_mib: usize,
     batch: usize,
@@ -38,6 +42,7 @@ fn parse() -> Result<Options, String> {
             .copied()
             .filter(|isa| isa.is_available())
             .collect(),
+        precisions: vec![ActivationPrecision::Split, ActivationPrecision::Single],
         seconds: 0.5,
         dram_mib: 1024,
         batch: 1,
@@ -54,6 +59,12 @@ fn parse() -> Result<Options, String> {
             }
             "--isas" => {
                 options.isas = value.split(',').map(isa_named).collect::<Result<_, _>>()?;
+            }
+            "--precisions" => {
+                options.precisions = value
+                    .split(',')
+                    .map(precision_named)
+                    .collect::<Result<_, _>>()?;
             }
             "--seconds" => {
                 options.seconds = value
@@ -72,6 +83,14 @@ fn parse() -> Result<Options, String> {
         }
     }
     Ok(options)
+}
+
+fn precision_named(name: &str) -> Result<ActivationPrecision, String> {
+    match name {
+        "split" => Ok(ActivationPrecision::Split),
+        "single" => Ok(ActivationPrecision::Single),
+        _ => Err(format!("--precisions {name}: not split or single")),
+    }
 }
 
 fn type_named(name: &str) -> Result<GgmlType, String> {
@@ -195,8 +214,8 @@ fn main() {
         }
     };
     println!(
-        "{:<7} {:<7} {:<9} {:>6} {:>6} {:>9} {:>8} {:>12}",
-        "type", "isa", "shape", "rows", "n", "MiB", "GB/s", "rows/s"
+        "{:<7} {:<7} {:<7} {:<9} {:>6} {:>6} {:>9} {:>8} {:>12}",
+        "type", "isa", "acts", "shape", "rows", "n", "MiB", "GB/s", "rows/s"
     );
     for &ty in &options.types {
         let mut shapes = vec![("ffn_up", 8960, 1536), ("ffn_down", 1536, 8960)];
@@ -208,8 +227,12 @@ fn main() {
         }
         for (shape, rows, n) in shapes {
             let weights = random_weights(ty, rows, n);
-            for &isa in &options.isas {
-                let format = match WeightFormat::new(ty, isa) {
+            let kernels = options
+                .isas
+                .iter()
+                .flat_map(|&isa| options.precisions.iter().map(move |&p| (isa, p)));
+            for (isa, precision) in kernels {
+                let format = match WeightFormat::with_precision(ty, isa, precision) {
                     Ok(format) => format,
                     Err(e) => {
                         eprintln!("quant-bench: {e}");
@@ -218,9 +241,13 @@ fn main() {
                 };
                 let m = measure(&format, &weights, rows, n, &options);
                 println!(
-                    "{:<7} {:<7} {:<9} {:>6} {:>6} {:>9.2} {:>8.2} {:>12.0}",
+                    "{:<7} {:<7} {:<7} {:<9} {:>6} {:>6} {:>9.2} {:>8.2} {:>12.0}",
                     ty.name(),
                     isa.name(),
+                    match precision {
+                        ActivationPrecision::Split => "split",
+                        ActivationPrecision::Single => "single",
+                    },
                     shape,
                     rows,
                     n,

@@ -2,7 +2,7 @@ use std::fmt;
 
 use lucebox_gguf::GgmlType;
 
-use crate::activation::{ActivationFormat, QuantizeFn};
+use crate::activation::{ActivationFormat, ActivationPrecision, QuantizeFn};
 use crate::error::UnsupportedType;
 use crate::float::{Bf16, F16, F32};
 use crate::iq4_xs::Iq4Xs;
@@ -18,6 +18,43 @@ pub(crate) type DotFn = unsafe fn(&[u8], &[u8]) -> f32;
 /// one and the tile's `max_rows`, under [`DotFn`]'s conditions.
 pub(crate) type DotTileFn = unsafe fn(&[u8], &[u8], &mut [f32]);
 
+/// A kernel in its two instances: multiplying both activation parts, and the high part alone.
+#[derive(Clone, Copy)]
+pub(crate) struct ByPrecision<T> {
+    pub(crate) split: T,
+    pub(crate) single: T,
+}
+
+impl<T: Copy> ByPrecision<T> {
+    /// One kernel for both precisions: it multiplies both parts, and the zero low part of
+    /// single-part activations adds nothing.
+    pub(crate) const fn same(kernel: T) -> Self {
+        ByPrecision {
+            split: kernel,
+            single: kernel,
+        }
+    }
+
+    fn get(self, precision: ActivationPrecision) -> T {
+        match precision {
+            ActivationPrecision::Split => self.split,
+            ActivationPrecision::Single => self.single,
+        }
+    }
+}
+
+/// The two instances of a dot product generic over the activation parts it multiplies.
+macro_rules! by_parts {
+    ($($dot:ident)::+) => {
+        $crate::format::ByPrecision {
+            split: $($dot)::+::<2>,
+            single: $($dot)::+::<1>,
+        }
+    };
+}
+
+pub(crate) use by_parts;
+
 /// A kernel that unpacks each weight block once for several activation rows.
 #[derive(Clone, Copy)]
 pub(crate) struct Tile {
@@ -26,32 +63,45 @@ pub(crate) struct Tile {
 }
 
 /// A kernel family for `R` activation rows at once, `R` known at compile time so that each row's
-/// sums stay in registers.
+/// sums stay in registers, multiplying `PARTS` parts of the activations (1 or 2).
 pub(crate) trait RowsKernel {
     /// The most rows whose sums fit the vector registers.
     const MAX_ROWS: usize;
     /// # Safety
     /// The CPU has the kernel's instruction set, and each activation row holds as many elements
     /// as `weight`.
-    unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R];
+    unsafe fn dot<const PARTS: usize, const R: usize>(
+        weight: &[u8],
+        activations: [&[u8]; R],
+    ) -> [f32; R];
 }
 
 impl Tile {
-    /// The tile of `K`, for any row count up to `K::MAX_ROWS`.
-    pub(crate) const fn of<K: RowsKernel>() -> Tile {
+    /// The tiles of `K`, for any row count up to `K::MAX_ROWS`.
+    pub(crate) const fn of<K: RowsKernel>() -> ByPrecision<Tile> {
         assert!(K::MAX_ROWS <= 8, "tiles are instantiated for up to 8 rows");
-        Tile {
-            dot: dot_tile::<K>,
-            max_rows: K::MAX_ROWS,
+        ByPrecision {
+            split: Tile {
+                dot: dot_tile::<K, 2>,
+                max_rows: K::MAX_ROWS,
+            },
+            single: Tile {
+                dot: dot_tile::<K, 1>,
+                max_rows: K::MAX_ROWS,
+            },
         }
     }
 }
 
-/// Runs `K::dot::<R>` for `R = out.len()`.
+/// Runs `K::dot::<PARTS, R>` for `R = out.len()`.
 ///
 /// # Safety
 /// As [`RowsKernel::dot`], and `out.len()` is between 1 and `K::MAX_ROWS`.
-unsafe fn dot_tile<K: RowsKernel>(weight: &[u8], activations: &[u8], out: &mut [f32]) {
+unsafe fn dot_tile<K: RowsKernel, const PARTS: usize>(
+    weight: &[u8],
+    activations: &[u8],
+    out: &mut [f32],
+) {
     fn split<const R: usize>(activations: &[u8]) -> [&[u8]; R] {
         let bytes = activations.len() / R;
         std::array::from_fn(|i| &activations[i * bytes..(i + 1) * bytes])
@@ -59,14 +109,14 @@ unsafe fn dot_tile<K: RowsKernel>(weight: &[u8], activations: &[u8], out: &mut [
     // SAFETY: the caller's conditions are the kernel's.
     unsafe {
         match out.len() {
-            1 => out.copy_from_slice(&K::dot::<1>(weight, split(activations))),
-            2 => out.copy_from_slice(&K::dot::<2>(weight, split(activations))),
-            3 => out.copy_from_slice(&K::dot::<3>(weight, split(activations))),
-            4 => out.copy_from_slice(&K::dot::<4>(weight, split(activations))),
-            5 => out.copy_from_slice(&K::dot::<5>(weight, split(activations))),
-            6 => out.copy_from_slice(&K::dot::<6>(weight, split(activations))),
-            7 => out.copy_from_slice(&K::dot::<7>(weight, split(activations))),
-            8 => out.copy_from_slice(&K::dot::<8>(weight, split(activations))),
+            1 => out.copy_from_slice(&K::dot::<PARTS, 1>(weight, split(activations))),
+            2 => out.copy_from_slice(&K::dot::<PARTS, 2>(weight, split(activations))),
+            3 => out.copy_from_slice(&K::dot::<PARTS, 3>(weight, split(activations))),
+            4 => out.copy_from_slice(&K::dot::<PARTS, 4>(weight, split(activations))),
+            5 => out.copy_from_slice(&K::dot::<PARTS, 5>(weight, split(activations))),
+            6 => out.copy_from_slice(&K::dot::<PARTS, 6>(weight, split(activations))),
+            7 => out.copy_from_slice(&K::dot::<PARTS, 7>(weight, split(activations))),
+            8 => out.copy_from_slice(&K::dot::<PARTS, 8>(weight, split(activations))),
             rows => unreachable!("a tile of {rows} rows"),
         }
     }
@@ -82,13 +132,16 @@ pub(crate) struct Avx512Rows<F>(std::marker::PhantomData<F>);
 
 /// Implements [`RowsKernel`] for `$kernels` with the const-generic kernel `$dot`.
 macro_rules! rows_kernel {
-    ($($kernels:ty => $dot:path, $max_rows:literal;)*) => {$(
+    ($($kernels:ty => $($dot:ident)::+, $max_rows:literal;)*) => {$(
         #[cfg(target_arch = "x86_64")]
         impl $crate::format::RowsKernel for $kernels {
             const MAX_ROWS: usize = $max_rows;
-            unsafe fn dot<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+            unsafe fn dot<const PARTS: usize, const R: usize>(
+                weight: &[u8],
+                activations: [&[u8]; R],
+            ) -> [f32; R] {
                 // SAFETY: the caller checked the CPU and the lengths.
-                unsafe { $dot(weight, activations) }
+                unsafe { $($dot)::+::<PARTS, R>(weight, activations) }
             }
         }
     )*};
@@ -106,21 +159,21 @@ pub(crate) trait Format {
     const ACTIVATION: ActivationFormat;
     /// Dequantizes whole blocks; `src` holds exactly the blocks of `dst`.
     fn dequantize(src: &[u8], dst: &mut [f32]);
-    /// The portable dot product.
+    /// The portable dot product, of both parts (a zero low part adds nothing).
     fn dot(weight: &[u8], activation: &[u8]) -> f32;
     /// The AVX2 dot product.
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn;
+    const AVX2_DOT: ByPrecision<DotFn>;
     /// The AVX-512 dot product, where one beats the AVX2 one.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT: DotFn = Self::AVX2_DOT;
+    const AVX512_DOT: ByPrecision<DotFn> = Self::AVX2_DOT;
     /// An AVX2 kernel for several activation rows at once, where unpacking each weight block once
     /// for all of them pays.
     #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE: Option<Tile> = None;
+    const AVX2_TILE: Option<ByPrecision<Tile>> = None;
     /// The AVX-512 kernel for several activation rows.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: Option<Tile> = Self::AVX2_TILE;
+    const AVX512_TILE: Option<ByPrecision<Tile>> = Self::AVX2_TILE;
 }
 
 /// Declares the supported formats, once.
@@ -129,9 +182,9 @@ macro_rules! weight_formats {
         /// Every weight type with kernels.
         const SUPPORTED: &[GgmlType] = &[$(<$format>::TYPE),*];
 
-        fn kernels(ty: GgmlType, isa: Isa) -> Option<Kernels> {
+        fn kernels(ty: GgmlType, isa: Isa, precision: ActivationPrecision) -> Option<Kernels> {
             $(if ty == <$format>::TYPE {
-                return Some(Kernels::of::<$format>(isa));
+                return Some(Kernels::of::<$format>(isa, precision));
             })*
             None
         }
@@ -152,18 +205,24 @@ struct Kernels {
 }
 
 impl Kernels {
-    fn of<F: Format>(isa: Isa) -> Kernels {
+    fn of<F: Format>(isa: Isa, precision: ActivationPrecision) -> Kernels {
         let (dot, tile): (DotFn, Option<Tile>) = match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => (F::AVX2_DOT, F::AVX2_TILE),
+            Isa::Avx2 => (
+                F::AVX2_DOT.get(precision),
+                F::AVX2_TILE.map(|t| t.get(precision)),
+            ),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => (F::AVX512_DOT, F::AVX512_TILE),
+            Isa::Avx512 => (
+                F::AVX512_DOT.get(precision),
+                F::AVX512_TILE.map(|t| t.get(precision)),
+            ),
             _ => (F::dot, None),
         };
         Kernels {
             activation: F::ACTIVATION,
             dequantize: F::dequantize,
-            quantize_activation: F::ACTIVATION.quantizer(isa),
+            quantize_activation: F::ACTIVATION.quantizer(precision, isa),
             dot,
             tile,
         }
@@ -190,18 +249,34 @@ impl Kernels {
 pub struct WeightFormat {
     ty: GgmlType,
     isa: Isa,
+    precision: ActivationPrecision,
     kernels: Kernels,
 }
 
 impl WeightFormat {
     /// The kernels for weights of type `ty` on `isa`: those written for that level, else those of
-    /// the best level below it.
+    /// the best level below it; activations in [`ActivationPrecision::Split`].
     pub fn new(ty: GgmlType, isa: Isa) -> Result<Self, UnsupportedType> {
-        let kernels = kernels(ty, isa).ok_or(UnsupportedType::NoKernels { ty })?;
+        Self::with_precision(ty, isa, ActivationPrecision::Split)
+    }
+
+    /// As [`new`](Self::new), with activations quantized at `precision` (for the formats that
+    /// quantize them).
+    pub fn with_precision(
+        ty: GgmlType,
+        isa: Isa,
+        precision: ActivationPrecision,
+    ) -> Result<Self, UnsupportedType> {
+        let kernels = kernels(ty, isa, precision).ok_or(UnsupportedType::NoKernels { ty })?;
         if !isa.is_available() {
             return Err(UnsupportedType::IsaUnavailable { ty, isa });
         }
-        Ok(WeightFormat { ty, isa, kernels })
+        Ok(WeightFormat {
+            ty,
+            isa,
+            precision,
+            kernels,
+        })
     }
 
     /// Every weight type [`new`](Self::new) accepts.
@@ -217,6 +292,11 @@ impl WeightFormat {
     /// The instruction-set level the kernels were chosen for.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The precision of the quantized activations.
+    pub fn activation_precision(&self) -> ActivationPrecision {
+        self.precision
     }
 
     /// How activations must be quantized for [`dot`](Self::dot).
@@ -355,6 +435,7 @@ impl fmt::Debug for WeightFormat {
             .field("ty", &self.ty)
             .field("isa", &self.isa)
             .field("activation", &self.kernels.activation)
+            .field("precision", &self.precision)
             .finish()
     }
 }

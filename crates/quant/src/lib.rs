@@ -41,7 +41,7 @@ mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 
-pub use activation::ActivationFormat;
+pub use activation::{ActivationFormat, ActivationPrecision};
 pub use error::UnsupportedType;
 pub use format::WeightFormat;
 pub use isa::Isa;

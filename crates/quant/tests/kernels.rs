@@ -1,11 +1,17 @@
 //! Every format on every available ISA: dot products against the portable kernels, against an f64
 //! dot of the dequantized operands and against an f64 dot of the dequantized weights with the
-//! original activations, and the two-part activation quantizers' round trip.
+//! original activations, and the activation quantizers' round trip, at both activation
+//! precisions.
 
 mod common;
 
 use common::{Rng, random_activations, random_row};
-use lucebox_quant::{ActivationFormat, GgmlType, Isa, UnsupportedType, WeightFormat};
+use lucebox_quant::{
+    ActivationFormat, ActivationPrecision, GgmlType, Isa, UnsupportedType, WeightFormat,
+};
+
+const PRECISIONS: [ActivationPrecision; 2] =
+    [ActivationPrecision::Split, ActivationPrecision::Single];
 
 fn available_isas() -> impl Iterator<Item = Isa> {
     Isa::ALL.iter().copied().filter(|isa| isa.is_available())
@@ -78,10 +84,15 @@ struct Case {
 
 impl Case {
     fn new(ty: GgmlType, n: usize, seed: u64) -> Case {
+        Case::at(ActivationPrecision::Split, ty, n, seed)
+    }
+
+    /// A case whose activations are quantized at `precision`.
+    fn at(precision: ActivationPrecision, ty: GgmlType, n: usize, seed: u64) -> Case {
         let mut rng = Rng::new(seed);
         let row = random_row(&mut rng, ty, n);
         let x = random_activations(&mut rng, n);
-        let scalar = WeightFormat::new(ty, Isa::Scalar).unwrap();
+        let scalar = WeightFormat::with_precision(ty, Isa::Scalar, precision).unwrap();
         let format = scalar.activation_format();
         let mut activation = vec![0; format.row_bytes(n)];
         scalar.quantize_activation(&x, &mut activation);
@@ -195,25 +206,110 @@ fn dot_is_within_the_low_part_rounding_of_the_f32_dot() {
     }
 }
 
+/// The SIMD kernels of each precision against the portable one, which multiplies both parts
+/// (a single-part row's zero low part adds nothing); a single-part kernel skips the low part.
 #[test]
 fn simd_dot_agrees_with_scalar_dot() {
     for &ty in WeightFormat::supported_types() {
         let scalar = WeightFormat::new(ty, Isa::Scalar).unwrap();
-        for isa in available_isas() {
-            let format = WeightFormat::new(ty, isa).unwrap();
+        for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
+            let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
             assert_eq!(format.activation_format(), scalar.activation_format());
+            assert_eq!(format.activation_precision(), precision);
             for n in lengths(ty) {
                 for seed in 0..4 {
-                    let case = Case::new(ty, n, seed * 104_729 + n as u64);
+                    let case = Case::at(precision, ty, n, seed * 104_729 + n as u64);
                     let expected = f64::from(scalar.dot(&case.row, &case.activation));
                     let dot = f64::from(format.dot(&case.row, &case.activation));
                     let tolerance = 1e-6 * case.magnitude();
                     assert!(
                         (dot - expected).abs() <= tolerance,
-                        "{ty} {isa} n={n} seed={seed}: {dot} vs {expected} (tolerance {tolerance})"
+                        "{ty} {isa} {precision:?} n={n} seed={seed}: {dot} vs {expected} \
+                         (tolerance {tolerance})"
                     );
                 }
             }
+        }
+    }
+}
+
+/// Single-part activations are the split ones' high part, with a zero low part and sums of the
+/// high part alone; their dot products are within the high part's rounding (half a high step
+/// per activation) of the f32 dot.
+#[test]
+fn single_part_activations_are_the_high_part_alone() {
+    for (format, ty) in &ACTIVATION_FORMATS[1..] {
+        for isa in available_isas() {
+            let split = WeightFormat::new(*ty, isa).unwrap();
+            let single =
+                WeightFormat::with_precision(*ty, isa, ActivationPrecision::Single).unwrap();
+            let x = activations_with_edge_cases(11, 2048);
+            let [mut q_split, mut q_single] = [0, 1].map(|_| vec![0; format.row_bytes(x.len())]);
+            split.quantize_activation(&x, &mut q_split);
+            single.quantize_activation(&x, &mut q_single);
+            let blocks = SplitBlock::read(*format, &q_split);
+            for (i, (s, b)) in blocks
+                .iter()
+                .zip(SplitBlock::read(*format, &q_single))
+                .enumerate()
+            {
+                let context = format!("{format:?} {isa} block {i}");
+                assert_eq!(
+                    (s.d_hi.to_bits(), &s.hi),
+                    (b.d_hi.to_bits(), &b.hi),
+                    "{context}"
+                );
+                assert_eq!(b.d_lo, 0.0, "{context}");
+                assert!(b.lo.iter().all(|&v| v == 0), "{context}");
+            }
+            for (bytes, b) in q_single
+                .chunks_exact(format.block_bytes())
+                .zip(SplitBlock::read(*format, &q_single))
+            {
+                let sum = |values: &[i8]| values.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+                let (at, group) = match format {
+                    ActivationFormat::SplitQ8Block32 => (72, 32),
+                    _ => (512, 16),
+                };
+                for (g, hi) in b.hi.chunks(group).enumerate() {
+                    let at = at + 4 * g;
+                    let recorded = f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+                    assert_eq!(recorded, b.d_hi * sum(hi), "{format:?} {isa}");
+                }
+            }
+        }
+    }
+    for &ty in WeightFormat::supported_types() {
+        let single =
+            WeightFormat::with_precision(ty, Isa::detect(), ActivationPrecision::Single).unwrap();
+        let format = single.activation_format();
+        if format == ActivationFormat::F32 {
+            continue;
+        }
+        for n in lengths(ty) {
+            let case = Case::at(ActivationPrecision::Single, ty, n, 31 + n as u64);
+            let dot = f64::from(single.dot(&case.row, &case.activation));
+            let mut bound = 2e-6 * case.magnitude();
+            for ((w, x), b) in case
+                .w
+                .chunks(format.block_len())
+                .zip(case.x.chunks(format.block_len()))
+                .zip(SplitBlock::read(format, &case.activation))
+            {
+                let w_sum: f64 = w.iter().map(|&v| f64::from(v).abs()).sum();
+                bound += f64::from(b.d_hi) / 2.0 * w_sum;
+                assert!(b.d_hi <= amax(x) / 127.0 * 1.0001);
+            }
+            let exact: f64 = case
+                .w
+                .iter()
+                .zip(&case.x)
+                .map(|(&w, &x)| f64::from(w) * f64::from(x))
+                .sum();
+            assert!(
+                (dot - exact).abs() <= bound,
+                "{ty} n={n}: {dot} vs {exact} (bound {bound})"
+            );
         }
     }
 }
@@ -301,22 +397,25 @@ fn split_activations_round_trip_within_half_a_low_step() {
 
 #[test]
 fn every_isa_quantizes_activations_to_the_same_bytes() {
-    for (format, ty) in ACTIVATION_FORMATS {
+    for ((format, ty), precision) in ACTIVATION_FORMATS
+        .into_iter()
+        .flat_map(|f| PRECISIONS.map(|p| (f, p)))
+    {
         let x = activations_with_edge_cases(3, 4096);
         let n = x.len();
         let mut expected = vec![0; format.row_bytes(n)];
-        WeightFormat::new(ty, Isa::Scalar)
+        WeightFormat::with_precision(ty, Isa::Scalar, precision)
             .unwrap()
             .quantize_activation(&x, &mut expected);
         for isa in available_isas() {
             let mut got = vec![0; format.row_bytes(n)];
-            WeightFormat::new(ty, isa)
+            WeightFormat::with_precision(ty, isa, precision)
                 .unwrap()
                 .quantize_activation(&x, &mut got);
             let first_difference = got.iter().zip(&expected).position(|(a, b)| a != b);
             assert!(
                 first_difference.is_none(),
-                "{format:?} {isa}: byte {first_difference:?} differs, block bytes {}",
+                "{format:?} {precision:?} {isa}: byte {first_difference:?} differs, block bytes {}",
                 format.block_bytes()
             );
         }
@@ -357,13 +456,13 @@ fn blocks_with_sums_record_them() {
 #[test]
 fn zero_activations_give_zero() {
     for &ty in WeightFormat::supported_types() {
-        for isa in available_isas() {
-            let format = WeightFormat::new(ty, isa).unwrap();
+        for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
+            let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
             let n = 512;
             let row = random_row(&mut Rng::new(1), ty, n);
             let mut q = vec![0xa5; format.activation_format().row_bytes(n)];
             format.quantize_activation(&vec![0.0; n], &mut q);
-            assert_eq!(format.dot(&row, &q), 0.0, "{ty} {isa}");
+            assert_eq!(format.dot(&row, &q), 0.0, "{ty} {isa} {precision:?}");
         }
     }
 }
@@ -419,8 +518,8 @@ fn dequantize_rejects_a_short_source() {
 #[test]
 fn dot_rows_equals_dot_row_by_row() {
     for &ty in WeightFormat::supported_types() {
-        for isa in available_isas() {
-            let format = WeightFormat::new(ty, isa).unwrap();
+        for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
+            let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
             for n in lengths(ty) {
                 let mut rng = Rng::new(n as u64 + 1);
                 let row = random_row(&mut rng, ty, n);
@@ -437,7 +536,7 @@ fn dot_rows_equals_dot_row_by_row() {
                         assert_eq!(
                             out[i].to_bits(),
                             dot.to_bits(),
-                            "{ty} {isa} {n} elements, row {i} of {count}"
+                            "{ty} {isa} {precision:?} {n} elements, row {i} of {count}"
                         );
                     }
                 }

@@ -60,11 +60,11 @@ struct Split<const GROUPS: usize> {
     sums: [[[i32; 2]; GROUPS]; 2],
 }
 
-/// Quantizes `GROUPS` groups of 32 values in two parts, writing the high values at `hi` and the
-/// low ones at `lo` in `block`.
+/// Quantizes `GROUPS` groups of 32 values in `PARTS` parts (1 or 2), writing the high values at
+/// `hi` and the low ones at `lo` in `block`; with one part the low part is zero.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn split<const GROUPS: usize>(
+fn split<const PARTS: usize, const GROUPS: usize>(
     x: &[[f32; 32]; GROUPS],
     block: &mut [u8],
     hi: usize,
@@ -83,6 +83,15 @@ fn split<const GROUPS: usize>(
             _mm256_sub_ps(values[i], _mm256_mul_ps(d, _mm256_cvtepi32_ps(ints[i])))
         });
     }
+    if PARTS == 1 {
+        for k in 0..GROUPS {
+            *array_mut::<_, 32>(block, lo + 32 * k) = [0; 32];
+        }
+        return Split {
+            d: [d_hi, 0.0],
+            sums,
+        };
+    }
     let (d_lo, inverse) = scale_of(amax(&residual));
     let inverse = _mm256_set1_ps(inverse);
     for (k, residual) in residual.iter().enumerate() {
@@ -96,11 +105,11 @@ fn split<const GROUPS: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn quantize_split32(x: &[f32], dst: &mut [u8]) {
+pub(super) fn quantize_split32<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
     let blocks = dst.as_chunks_mut::<{ split32::BYTES }>().0;
     let [hi, lo] = split32::PARTS;
     for (x, block) in x.as_chunks::<32>().0.iter().zip(blocks) {
-        let Split { d, sums } = split::<1>(
+        let Split { d, sums } = split::<PARTS, 1>(
             array(std::slice::from_ref(x), 0),
             block,
             hi.values,
@@ -114,12 +123,12 @@ pub(super) fn quantize_split32(x: &[f32], dst: &mut [u8]) {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn quantize_split256(x: &[f32], dst: &mut [u8]) {
+pub(super) fn quantize_split256<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
     let blocks = dst.as_chunks_mut::<{ split256::BYTES }>().0;
     let [hi, lo] = split256::PARTS;
     for (x, block) in x.as_chunks::<256>().0.iter().zip(blocks) {
         let groups = x.as_chunks::<32>().0;
-        let Split { d, sums } = split::<8>(array(groups, 0), block, hi.values, lo.values);
+        let Split { d, sums } = split::<PARTS, 8>(array(groups, 0), block, hi.values, lo.values);
         *array_mut(block, hi.d) = d[0].to_le_bytes();
         *array_mut(block, lo.d) = d[1].to_le_bytes();
         let [sums_hi, sums_lo] = &sums;

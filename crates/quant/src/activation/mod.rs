@@ -34,6 +34,9 @@ use crate::isa::Isa;
 ///   consecutive elements `d_hi * sum(hi) + d_lo * sum(lo)` (16 `f32`), `d_hi`, then `d_lo`.
 ///
 /// All multi-byte fields are little-endian.
+///
+/// With [`ActivationPrecision::Single`] the layout is the same and the low part is zero
+/// (`lo = 0`, `d_lo = 0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ActivationFormat {
     /// Plain `f32`, for float weights.
@@ -44,6 +47,33 @@ pub enum ActivationFormat {
     /// 256-element blocks in two `i8` parts with their scales and sums of 16 elements, for the
     /// K-quants and IQ4_XS.
     SplitQ8Block256,
+}
+
+/// How finely the integer activation formats quantize, chosen per matrix.
+///
+/// A matmul's dot products cost about twice as much in [`Split`](Self::Split) as in
+/// [`Single`](Self::Single) once they are compute-bound (several activation rows: prefill,
+/// batches, speculative verify steps); a single row reads the weights from memory at the same
+/// speed in both. Every row count of one matrix uses its one precision, so a row's result never
+/// depends on the batch it is in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ActivationPrecision {
+    /// Two 8-bit parts: each element within `amax / 64516` of its value, so that a dot product
+    /// carries the weights' rounding alone.
+    #[default]
+    Split,
+    /// The high part alone, llama.cpp's 8-bit activations: within `amax / 254`. The low part is
+    /// written as zero, and the kernels skip it.
+    Single,
+}
+
+impl std::fmt::Display for ActivationPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ActivationPrecision::Split => "two-part 8-bit",
+            ActivationPrecision::Single => "single 8-bit",
+        })
+    }
 }
 
 /// Where one part of a [`ActivationFormat::SplitQ8Block32`] block lies.
@@ -159,16 +189,27 @@ impl ActivationFormat {
         }
     }
 
-    /// The quantizer for this format on `isa`, which must be available.
-    pub(crate) fn quantizer(self, isa: Isa) -> QuantizeFn {
-        match (self, isa) {
+    /// The quantizer for this format at `precision` on `isa`, which must be available.
+    pub(crate) fn quantizer(self, precision: ActivationPrecision, isa: Isa) -> QuantizeFn {
+        use ActivationPrecision::{Single, Split};
+        #[cfg(target_arch = "x86_64")]
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+            return match (self, precision) {
+                (ActivationFormat::F32, _) => quantize_f32,
+                (ActivationFormat::SplitQ8Block32, Split) => avx2::quantize_split32::<2>,
+                (ActivationFormat::SplitQ8Block32, Single) => avx2::quantize_split32::<1>,
+                (ActivationFormat::SplitQ8Block256, Split) => avx2::quantize_split256::<2>,
+                (ActivationFormat::SplitQ8Block256, Single) => avx2::quantize_split256::<1>,
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = isa;
+        match (self, precision) {
             (ActivationFormat::F32, _) => quantize_f32,
-            #[cfg(target_arch = "x86_64")]
-            (ActivationFormat::SplitQ8Block32, Isa::Avx2 | Isa::Avx512) => avx2::quantize_split32,
-            #[cfg(target_arch = "x86_64")]
-            (ActivationFormat::SplitQ8Block256, Isa::Avx2 | Isa::Avx512) => avx2::quantize_split256,
-            (ActivationFormat::SplitQ8Block32, _) => quantize_split32,
-            (ActivationFormat::SplitQ8Block256, _) => quantize_split256,
+            (ActivationFormat::SplitQ8Block32, Split) => quantize_split32::<2>,
+            (ActivationFormat::SplitQ8Block32, Single) => quantize_split32::<1>,
+            (ActivationFormat::SplitQ8Block256, Split) => quantize_split256::<2>,
+            (ActivationFormat::SplitQ8Block256, Single) => quantize_split256::<1>,
         }
     }
 }
@@ -236,9 +277,18 @@ fn quantize_part<const N: usize>(x: &[f32; N], inverse: f32) -> [u8; N] {
     x.map(|v| (v * inverse).round_ties_even() as i8 as u8)
 }
 
-fn split<const N: usize>(x: &[f32; N]) -> Split<N> {
+/// Quantizes `x` in `PARTS` parts (1 or 2); with one, the low part is zero.
+fn split<const PARTS: usize, const N: usize>(x: &[f32; N]) -> Split<N> {
     let (d_hi, inverse) = scale_of(amax(x));
     let hi = quantize_part(x, inverse);
+    if PARTS == 1 {
+        return Split {
+            hi,
+            lo: [0; N],
+            d_hi,
+            d_lo: 0.0,
+        };
+    }
     let residual: [f32; N] = std::array::from_fn(|i| x[i] - d_hi * f32::from(hi[i] as i8));
     let (d_lo, inverse) = scale_of(amax(&residual));
     let lo = quantize_part(&residual, inverse);
@@ -256,10 +306,10 @@ pub(crate) fn block_sum(d_hi: f32, sum_hi: i32, d_lo: f32, sum_lo: i32) -> f32 {
     d_hi * sum_hi as f32 + d_lo * sum_lo as f32
 }
 
-fn quantize_split32(x: &[f32], dst: &mut [u8]) {
+fn quantize_split32<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
     let blocks = dst.as_chunks_mut::<{ split32::BYTES }>().0;
     for (x, block) in x.as_chunks::<32>().0.iter().zip(blocks) {
-        let Split { hi, lo, d_hi, d_lo } = split(x);
+        let Split { hi, lo, d_hi, d_lo } = split::<PARTS, _>(x);
         let [hi_at, lo_at] = split32::PARTS;
         for (part, values, d) in [(hi_at, &hi, d_hi), (lo_at, &lo, d_lo)] {
             block[part.values..part.values + 32].copy_from_slice(values);
@@ -270,10 +320,10 @@ fn quantize_split32(x: &[f32], dst: &mut [u8]) {
     }
 }
 
-fn quantize_split256(x: &[f32], dst: &mut [u8]) {
+fn quantize_split256<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
     let blocks = dst.as_chunks_mut::<{ split256::BYTES }>().0;
     for (x, block) in x.as_chunks::<256>().0.iter().zip(blocks) {
-        let Split { hi, lo, d_hi, d_lo } = split(x);
+        let Split { hi, lo, d_hi, d_lo } = split::<PARTS, _>(x);
         let [hi_at, lo_at] = split256::PARTS;
         for (part, values, d) in [(hi_at, &hi, d_hi), (lo_at, &lo, d_lo)] {
             block[part.values..part.values + 256].copy_from_slice(values);

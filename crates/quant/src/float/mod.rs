@@ -8,9 +8,9 @@ use lucebox_gguf::GgmlType;
 
 use crate::activation::ActivationFormat;
 use crate::bytes::f16_to_f32;
-#[cfg(target_arch = "x86_64")]
-use crate::format::DotFn;
 use crate::format::Format;
+#[cfg(target_arch = "x86_64")]
+use crate::format::{ByPrecision, DotFn};
 
 /// Independent partial sums of the portable dot products: they shorten the chain of dependent
 /// additions and keep the rounding error of long rows small.
@@ -54,7 +54,7 @@ impl Format for F32 {
         dot(weight, activation, f32::from_le_bytes)
     }
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn = avx2::dot_f32;
+    const AVX2_DOT: ByPrecision<DotFn> = ByPrecision::same(avx2::dot_f32);
 }
 
 /// F16 weights.
@@ -70,7 +70,7 @@ impl Format for F16 {
         dot(weight, activation, f16_widen)
     }
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn = avx2::dot_f16;
+    const AVX2_DOT: ByPrecision<DotFn> = ByPrecision::same(avx2::dot_f16);
 }
 
 /// BF16 weights.
@@ -86,5 +86,5 @@ impl Format for Bf16 {
         dot(weight, activation, bf16_widen)
     }
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn = avx2::dot_bf16;
+    const AVX2_DOT: ByPrecision<DotFn> = ByPrecision::same(avx2::dot_bf16);
 }

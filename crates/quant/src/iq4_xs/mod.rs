@@ -14,9 +14,9 @@ use lucebox_gguf::GgmlType;
 
 use crate::activation::{ActivationFormat, split256};
 use crate::bytes::{f16_at, f32_at, u16_at};
-#[cfg(target_arch = "x86_64")]
-use crate::format::DotFn;
 use crate::format::Format;
+#[cfg(target_arch = "x86_64")]
+use crate::format::{ByPrecision, DotFn, by_parts};
 
 /// The values the 4-bit indices select (ggml's `kvalues_iq4nl`).
 pub(crate) const VALUES: [i8; 16] = [
@@ -82,5 +82,5 @@ impl Format for Iq4Xs {
         sum
     }
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn = avx2::dot_iq4_xs;
+    const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::dot_iq4_xs);
 }

@@ -84,7 +84,12 @@ pub(super) fn scale_and_min_pairs(block: &[u8]) -> (__m256i, __m256i) {
 /// of all the activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
+pub(super) fn dot_with_mins<
+    const BYTES: usize,
+    const NIBBLES: usize,
+    const PARTS: usize,
+    const R: usize,
+>(
     weight: &[u8],
     activations: [&[u8]; R],
     fifth_bits: impl Fn(&[u8; BYTES]) -> [__m256i; 8],
@@ -115,7 +120,7 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
             prefetch_ahead_of_rows::<R>(w);
             let scale = |s: usize| _mm256_set1_epi32(i32::from_le_bytes(*array(scales, 4 * s)));
             let high = fifth_bits(w);
-            let mut sums = [[_mm256_setzero_si256(); 2]; R];
+            let mut sums = [[_mm256_setzero_si256(); PARTS]; R];
             for j in 0..4 {
                 let packed = load256(array(w, NIBBLES + 32 * j));
                 let q_low = _mm256_and_si256(packed, low_nibbles);
@@ -124,7 +129,7 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
                 let q_high = _mm256_or_si256(q_high, high[2 * j + 1]);
                 for (sums, row) in sums.iter_mut().zip(&rows) {
                     let x = &row[first + i];
-                    for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                    for (sum, part) in sums.iter_mut().zip(&split256::PARTS[..PARTS]) {
                         let at = part.values + 64 * j;
                         // Unsigned values below 32 times |x| <= 127, in pairs: no i16 overflow.
                         let low = _mm256_maddubs_epi16(q_low, load256(array(x, at)));
@@ -139,7 +144,7 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
             }
             let d = _mm256_set1_ps(f16_at(w, 0));
             for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
-                for (sum, part) in sums.into_iter().zip(split256::PARTS) {
+                for (sum, part) in sums.into_iter().zip(&split256::PARTS[..PARTS]) {
                     let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[first + i], part.d)));
                     *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
                 }
@@ -150,23 +155,29 @@ pub(super) fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: u
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q4_k_rows::<1>(weight, [activation])[0]
+pub(super) fn dot_q4_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q4_k_rows::<PARTS, 1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-    dot_with_mins::<144, 16, R>(weight, activations, |_| [_mm256_setzero_si256(); 8])
+pub(super) fn dot_q4_k_rows<const PARTS: usize, const R: usize>(
+    weight: &[u8],
+    activations: [&[u8]; R],
+) -> [f32; R] {
+    dot_with_mins::<144, 16, PARTS, R>(weight, activations, |_| [_mm256_setzero_si256(); 8])
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q5_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q5_k_rows::<1>(weight, [activation])[0]
+pub(super) fn dot_q5_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q5_k_rows::<PARTS, 1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q5_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-    dot_with_mins::<176, 48, R>(weight, activations, |w| q5_k_fifth_bits(w))
+pub(super) fn dot_q5_k_rows<const PARTS: usize, const R: usize>(
+    weight: &[u8],
+    activations: [&[u8]; R],
+) -> [f32; R] {
+    dot_with_mins::<176, 48, PARTS, R>(weight, activations, |w| q5_k_fifth_bits(w))
 }
 
 /// 16 in byte `l` of sub-block `s` where bit `s` of Q5_K's high-bit byte `l` is set.
@@ -207,14 +218,17 @@ static Q6_K_SCALE_PAIRS: [[u8; 32]; 4] = {
 };
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q6_k_rows::<1>(weight, [activation])[0]
+pub(super) fn dot_q6_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q6_k_rows::<PARTS, 1>(weight, [activation])[0]
 }
 
-/// Q6_K with `R` activation rows, the weights unpacked once for both parts of all of them.
+/// Q6_K with `R` activation rows, the weights unpacked once for `PARTS` parts of all of them.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+fn dot_q6_k_rows<const PARTS: usize, const R: usize>(
+    weight: &[u8],
+    activations: [&[u8]; R],
+) -> [f32; R] {
     let weights = weight.as_chunks::<210>().0;
     let rows = activations.map(|a| a.as_chunks::<{ split256::BYTES }>().0);
     let low_nibbles = _mm256_set1_epi8(0x0f);
@@ -240,7 +254,7 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
             *acc = _mm256_fmadd_ps(offsets_low, load_f32x8(array(sums, 0)), *acc);
             *acc = _mm256_fmadd_ps(offsets_high, load_f32x8(array(sums, 32)), *acc);
         }
-        let mut sums = [[_mm256_setzero_si256(); 2]; R];
+        let mut sums = [[_mm256_setzero_si256(); PARTS]; R];
         // Scales 0..8 and 8..16 as i16, each set repeated in both lanes.
         let scale_halves = [192, 200]
             .map(|at| _mm256_cvtepi8_epi16(_mm_set1_epi64x(i64::from_le_bytes(*array(w, at)))));
@@ -269,7 +283,7 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
             for (k, q) in q.into_iter().enumerate() {
                 let scale = _mm256_shuffle_epi8(scales, load256(&pair_masks[k]));
                 for (sums, row) in sums.iter_mut().zip(&rows) {
-                    for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                    for (sum, part) in sums.iter_mut().zip(&split256::PARTS[..PARTS]) {
                         let x = load256(array(&row[i], part.values + 128 * half + 32 * k));
                         // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
                         let products = _mm256_maddubs_epi16(q, x);
@@ -280,7 +294,7 @@ fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32
         }
         let d = _mm256_set1_ps(d);
         for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
-            for (sum, part) in sums.into_iter().zip(split256::PARTS) {
+            for (sum, part) in sums.into_iter().zip(&split256::PARTS[..PARTS]) {
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(f32_at(&row[i], part.d)));
                 *acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sum), *acc);
             }

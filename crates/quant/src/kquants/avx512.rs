@@ -1,7 +1,7 @@
 //! AVX-512 dot product of Q6_K with SplitQ8Block256 activations: its bit assembly, which costs
 //! more than its multiplications, works on 512 bits with `vpternlog` and per-lane shifts, and
-//! VNNI's `vpdpwssd` applies the scales. Each weight block is unpacked once for both parts of the
-//! activations.
+//! VNNI's `vpdpwssd` applies the scales. Each weight block is unpacked once for the parts of the
+//! activations it multiplies.
 
 use std::arch::x86_64::*;
 
@@ -19,13 +19,16 @@ fn low_nibbles_or(a: __m512i, b: __m512i) -> __m512i {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q6_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q6_k_rows::<1>(weight, [activation])[0]
+pub(super) fn dot_q6_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q6_k_rows::<PARTS, 1>(weight, [activation])[0]
 }
 
-/// Q6_K with `R` activation rows, the weights unpacked once for both parts of all of them.
+/// Q6_K with `R` activation rows, the weights unpacked once for `PARTS` parts of all of them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
+pub(super) fn dot_q6_k_rows<const PARTS: usize, const R: usize>(
+    weight: &[u8],
+    activations: [&[u8]; R],
+) -> [f32; R] {
     let weights = weight.as_chunks::<210>().0;
     let rows = activations.map(|a| a.as_chunks::<{ split256::BYTES }>().0);
     let bits_4_5 = _mm512_set1_epi8(0x30);
@@ -61,7 +64,7 @@ pub(super) fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; 
         let scales = _mm256_cvtepi8_epi16(scales_i8);
         // One accumulator per row and part: two chains of VNNI's multiply-adds, which take 5
         // cycles each, per row.
-        let mut sums = [[_mm512_setzero_si512(); 2]; R];
+        let mut sums = [[_mm512_setzero_si512(); PARTS]; R];
         let wide_scales = _mm512_castsi256_si512(scales);
         for half in 0..2 {
             let low = load512(array(w, 64 * half));
@@ -78,7 +81,7 @@ pub(super) fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; 
             for (k, q) in [(2 * half, first), (2 * half + 1, second)] {
                 let scale = _mm512_permutexvar_epi16(group_of_lane[k], wide_scales);
                 for (sums, row) in sums.iter_mut().zip(&rows) {
-                    for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                    for (sum, part) in sums.iter_mut().zip(&split256::PARTS[..PARTS]) {
                         let x = load512(array(&row[i], part.values + 64 * k));
                         // Values below 64 times |x| <= 127, in pairs: no i16 overflow.
                         let products = _mm512_maddubs_epi16(q, x);
@@ -89,7 +92,7 @@ pub(super) fn dot_q6_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; 
         }
         let d = _mm512_set1_ps(d);
         for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
-            for (sum, part) in sums.into_iter().zip(split256::PARTS) {
+            for (sum, part) in sums.into_iter().zip(&split256::PARTS[..PARTS]) {
                 let scale = _mm512_mul_ps(d, _mm512_set1_ps(f32_at(&row[i], part.d)));
                 *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), *acc);
             }

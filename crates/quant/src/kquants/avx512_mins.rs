@@ -14,11 +14,12 @@ use crate::activation::split256;
 use crate::bytes::f32_at;
 use crate::simd::{array, dpwssd512, f16_at, load256, load512, prefetch_ahead_of_rows, sum_f32x16};
 
-/// The shared body of Q4_K and Q5_K, for one weight row and `R` activation rows: `fifth_bits(w)`
-/// gives, per chunk of nibbles, the 16s to add to its values (zero for Q4_K).
+/// The shared body of Q4_K and Q5_K, for one weight row and `R` activation rows, `PARTS` parts
+/// of each: `fifth_bits(w)` gives, per chunk of nibbles, the 16s to add to its values (zero for
+/// Q4_K).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
+fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const PARTS: usize, const R: usize>(
     weight: &[u8],
     activations: [&[u8]; R],
     fifth_bits: impl Fn(&[u8; BYTES]) -> [__m512i; 4],
@@ -54,14 +55,14 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
         }
         let scale_pairs = _mm512_castsi256_si512(scale_pairs);
         let high = fifth_bits(w);
-        let mut sums = [[_mm512_setzero_si512(); 2]; R];
+        let mut sums = [[_mm512_setzero_si512(); PARTS]; R];
         for (j, high) in high.into_iter().enumerate() {
             let packed = _mm512_broadcast_i64x4(load256(array(w, NIBBLES + 32 * j)));
             let q = _mm512_and_si512(_mm512_srlv_epi16(packed, high_half_down), low_nibbles);
             let q = _mm512_or_si512(q, high);
             let scale = _mm512_permutexvar_epi32(scale_of_lane[j], scale_pairs);
             for (sums, row) in sums.iter_mut().zip(&rows) {
-                for (sum, part) in sums.iter_mut().zip(split256::PARTS) {
+                for (sum, part) in sums.iter_mut().zip(&split256::PARTS[..PARTS]) {
                     let x = load512(array(&row[i], part.values + 64 * j));
                     // Unsigned values below 32 times |x| <= 127, in pairs: no i16 overflow;
                     // four chunks of scales below 64 times pairs of those keep an i32 lane
@@ -73,7 +74,7 @@ fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const R: usize>(
         }
         let d = _mm512_set1_ps(d);
         for ((acc, sums), row) in acc.iter_mut().zip(sums).zip(&rows) {
-            for (sum, part) in sums.into_iter().zip(split256::PARTS) {
+            for (sum, part) in sums.into_iter().zip(&split256::PARTS[..PARTS]) {
                 let scale = _mm512_mul_ps(d, _mm512_set1_ps(f32_at(&row[i], part.d)));
                 *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sum), *acc);
             }
@@ -101,21 +102,27 @@ fn q5_k_fifth_bits(w: &[u8; 176]) -> [__m512i; 4] {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q4_k_rows::<1>(weight, [activation])[0]
+pub(super) fn dot_q4_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q4_k_rows::<PARTS, 1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-    dot_with_mins::<144, 16, R>(weight, activations, |_| [_mm512_setzero_si512(); 4])
+pub(super) fn dot_q4_k_rows<const PARTS: usize, const R: usize>(
+    weight: &[u8],
+    activations: [&[u8]; R],
+) -> [f32; R] {
+    dot_with_mins::<144, 16, PARTS, R>(weight, activations, |_| [_mm512_setzero_si512(); 4])
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q5_k(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q5_k_rows::<1>(weight, [activation])[0]
+pub(super) fn dot_q5_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_q5_k_rows::<PARTS, 1>(weight, [activation])[0]
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q5_k_rows<const R: usize>(weight: &[u8], activations: [&[u8]; R]) -> [f32; R] {
-    dot_with_mins::<176, 48, R>(weight, activations, |w| q5_k_fifth_bits(w))
+pub(super) fn dot_q5_k_rows<const PARTS: usize, const R: usize>(
+    weight: &[u8],
+    activations: [&[u8]; R],
+) -> [f32; R] {
+    dot_with_mins::<176, 48, PARTS, R>(weight, activations, |w| q5_k_fifth_bits(w))
 }

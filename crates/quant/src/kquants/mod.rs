@@ -22,7 +22,7 @@ use crate::activation::{ActivationFormat, split256, sums_of_16};
 use crate::bytes::{f16_at, f32_at};
 use crate::format::Format;
 #[cfg(target_arch = "x86_64")]
-use crate::format::{Avx2Rows, Avx512Rows, DotFn, Tile, rows_kernel};
+use crate::format::{Avx2Rows, Avx512Rows, ByPrecision, DotFn, Tile, by_parts, rows_kernel};
 
 /// The eight 6-bit scales and eight 6-bit minimums packed in the 12 bytes of Q4_K and Q5_K.
 pub(crate) fn scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -151,13 +151,13 @@ impl Format for Q4K {
         dot_with_mins(weight, activation, 144, unpack_q4_k)
     }
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn = avx2::dot_q4_k;
+    const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::dot_q4_k);
     #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE: Option<Tile> = Some(Tile::of::<Avx2Rows<Q4K>>());
+    const AVX2_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx2Rows<Q4K>>());
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT: DotFn = avx512_mins::dot_q4_k;
+    const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512_mins::dot_q4_k);
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<Q4K>>());
+    const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<Q4K>>());
 }
 
 /// Q5_K: see the module documentation.
@@ -173,13 +173,13 @@ impl Format for Q5K {
         dot_with_mins(weight, activation, 176, unpack_q5_k)
     }
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn = avx2::dot_q5_k;
+    const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::dot_q5_k);
     #[cfg(target_arch = "x86_64")]
-    const AVX2_TILE: Option<Tile> = Some(Tile::of::<Avx2Rows<Q5K>>());
+    const AVX2_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx2Rows<Q5K>>());
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT: DotFn = avx512_mins::dot_q5_k;
+    const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512_mins::dot_q5_k);
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<Q5K>>());
+    const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<Q5K>>());
 }
 
 /// Q6_K: see the module documentation.
@@ -227,12 +227,12 @@ impl Format for Q6K {
         sum
     }
     #[cfg(target_arch = "x86_64")]
-    const AVX2_DOT: DotFn = avx2::dot_q6_k;
+    const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::dot_q6_k);
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT: DotFn = avx512::dot_q6_k;
+    const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512::dot_q6_k);
     // With AVX2's 16 vector registers, four rows spill and gain under 10%.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<Q6K>>());
+    const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<Q6K>>());
 }
 
 rows_kernel! {

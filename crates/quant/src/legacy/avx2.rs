@@ -88,33 +88,39 @@ fn lane_sums(v: [__m256i; GROUP]) -> __m256i {
 }
 
 /// One group's share, `d * (d_hi * q . hi + d_lo * q . lo) + bias * sum(x)` summed over its
-/// blocks, in eight lanes, from its blocks' products with the high and the low part, each
-/// summed into eight lanes.
+/// blocks, in eight lanes, from its blocks' products with each of the `PARTS` parts multiplied,
+/// each summed into eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn group_sum<const BYTES: usize>(
+fn group_sum<const BYTES: usize, const PARTS: usize>(
     weights: &[[u8; BYTES]; GROUP],
     activations: &[[u8; split32::BYTES]; GROUP],
     bias: Bias,
-    products: [[__m256i; 2]; GROUP],
+    products: [[__m256i; PARTS]; GROUP],
 ) -> __m256 {
     let (d, weight_bias) = weight_scales(weights, bias);
     let [hi_at, lo_at] = split32::PARTS;
     let d_hi = activation_field(activations, hi_at.d);
-    let d_lo = activation_field(activations, lo_at.d);
     let activation_sum = activation_field(activations, split32::SUM);
     // One lane per block: scaling them all takes a few multiply-adds. (Loops and array maps
     // here would not be inlined: closures do not inherit the target features.)
     let mut hi = [_mm256_setzero_si256(); GROUP];
     let mut lo = [_mm256_setzero_si256(); GROUP];
-    for (k, [block_hi, block_lo]) in products.into_iter().enumerate() {
-        hi[k] = block_hi;
-        lo[k] = block_lo;
+    for (k, block) in products.into_iter().enumerate() {
+        hi[k] = block[0];
+        if PARTS == 2 {
+            lo[k] = block[PARTS - 1];
+        }
     }
     let hi = _mm256_cvtepi32_ps(lane_sums(hi));
-    let lo = _mm256_cvtepi32_ps(lane_sums(lo));
+    let parts = if PARTS == 2 {
+        let d_lo = activation_field(activations, lo_at.d);
+        let lo = _mm256_cvtepi32_ps(lane_sums(lo));
+        _mm256_fmadd_ps(d_hi, hi, _mm256_mul_ps(d_lo, lo))
+    } else {
+        _mm256_mul_ps(d_hi, hi)
+    };
     let biases = _mm256_mul_ps(weight_bias, activation_sum);
-    let parts = _mm256_fmadd_ps(d_hi, hi, _mm256_mul_ps(d_lo, lo));
     _mm256_fmadd_ps(d, parts, biases)
 }
 
@@ -161,18 +167,19 @@ pub(super) fn groups<'a, const BYTES: usize>(
 
 /// The dot product of `weight`, legacy blocks of `BYTES` bytes whose `bias` is folded in
 /// through the activation sums, with `activation`; `products(w, x)` unpacks one block's values
-/// and multiplies them with each part of its activations, summing each into eight `i32` lanes.
+/// and multiplies them with each of the `PARTS` parts of its activations multiplied, summing each
+/// into eight `i32` lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn dot_blocks<const BYTES: usize>(
+fn dot_blocks<const BYTES: usize, const PARTS: usize>(
     weight: &[u8],
     activation: &[u8],
     bias: Bias,
-    products: impl Fn(&[u8; BYTES], &[u8; split32::BYTES]) -> [__m256i; 2],
+    products: impl Fn(&[u8; BYTES], &[u8; split32::BYTES]) -> [__m256i; PARTS],
 ) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (w, x) in groups(weight, activation, &mut None) {
-        let mut blocks = [[_mm256_setzero_si256(); 2]; GROUP];
+        let mut blocks = [[_mm256_setzero_si256(); PARTS]; GROUP];
         for ((block, w), x) in blocks.iter_mut().zip(w).zip(x) {
             prefetch_ahead(w);
             *block = products(w, x);
@@ -215,68 +222,72 @@ fn fifth_bits(bits: &[u8; 4]) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// The 32 values of each part of an activation block.
+/// The 32 values of each of the first `PARTS` parts of an activation block.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn parts(x: &[u8; split32::BYTES]) -> [__m256i; 2] {
-    let [hi, lo] = split32::PARTS;
-    [load256(array(x, hi.values)), load256(array(x, lo.values))]
+fn parts<const PARTS: usize>(x: &[u8; split32::BYTES]) -> [__m256i; PARTS] {
+    let mut values = [_mm256_setzero_si256(); PARTS];
+    for (values, part) in values.iter_mut().zip(&split32::PARTS) {
+        *values = load256(array(x, part.values));
+    }
+    values
 }
 
 /// Unsigned values below 32 times each part's values (at most 127 in magnitude), in eight
 /// `i32` lanes per part.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn unsigned_products(q: __m256i, x: &[u8; split32::BYTES]) -> [__m256i; 2] {
+fn unsigned_products<const PARTS: usize>(q: __m256i, x: &[u8; split32::BYTES]) -> [__m256i; PARTS] {
     // Pairs of products stay below 2 * 31 * 127: no i16 overflow.
-    let [hi, lo] = parts(x);
-    [
-        sum_i16_pairs(_mm256_maddubs_epi16(q, hi)),
-        sum_i16_pairs(_mm256_maddubs_epi16(q, lo)),
-    ]
+    let mut products = parts::<PARTS>(x);
+    for products in &mut products {
+        *products = sum_i16_pairs(_mm256_maddubs_epi16(q, *products));
+    }
+    products
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<18>(weight, activation, Bias::Offset(-8.0), |w, x| {
+pub(super) fn dot_q4_0<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_blocks::<18, PARTS>(weight, activation, Bias::Offset(-8.0), |w, x| {
         unsigned_products(nibbles(array(w, 2)), x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q4_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<20>(weight, activation, Bias::Min, |w, x| {
+pub(super) fn dot_q4_1<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_blocks::<20, PARTS>(weight, activation, Bias::Min, |w, x| {
         unsigned_products(nibbles(array(w, 4)), x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q5_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<22>(weight, activation, Bias::Offset(-16.0), |w, x| {
+pub(super) fn dot_q5_0<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_blocks::<22, PARTS>(weight, activation, Bias::Offset(-16.0), |w, x| {
         let q = _mm256_or_si256(nibbles(array(w, 6)), fifth_bits(array(w, 2)));
         unsigned_products(q, x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q5_1(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<24>(weight, activation, Bias::Min, |w, x| {
+pub(super) fn dot_q5_1<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_blocks::<24, PARTS>(weight, activation, Bias::Min, |w, x| {
         let q = _mm256_or_si256(nibbles(array(w, 8)), fifth_bits(array(w, 4)));
         unsigned_products(q, x)
     })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dot_q8_0(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_blocks::<34>(weight, activation, Bias::Offset(0.0), |w, x| {
+pub(super) fn dot_q8_0<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    dot_blocks::<34, PARTS>(weight, activation, Bias::Offset(0.0), |w, x| {
         let q = load256(array(w, 2));
         let magnitudes = _mm256_sign_epi8(q, q);
         // maddubs wants one unsigned operand: move the weights' signs onto the activations.
         // |q| <= 128 and |x| <= 127, in pairs: no i16 overflow.
-        let [hi, lo] = parts(x);
-        [
-            sum_i16_pairs(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(hi, q))),
-            sum_i16_pairs(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(lo, q))),
-        ]
+        let mut products = parts::<PARTS>(x);
+        for products in &mut products {
+            let signed = _mm256_sign_epi8(*products, q);
+            *products = sum_i16_pairs(_mm256_maddubs_epi16(magnitudes, signed));
+        }
+        products
     })
 }

@@ -8,6 +8,9 @@
 //! into its sixteen sums, scaled together. Q5's fifth bits are added under a byte mask, and Q8_0's
 //! signed values are made unsigned by flipping their sign bit, which adds 128, taken back out
 //! through the activation sums.
+//!
+//! The instruction that multiplies the high part multiplies the low one too, so single-part
+//! activations (`PARTS` = 1, a zero low part) take the same kernel at the same cost.
 
 use std::arch::x86_64::*;
 
@@ -152,12 +155,12 @@ fn unsigned_products(q: __m512i, x: &[u8; split32::BYTES]) -> __m512i {
 macro_rules! legacy_kernels {
     ($($dot:ident, $dot_rows:ident: $bytes:literal, $bias:expr, |$w:ident| $values:expr;)*) => {$(
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) fn $dot(weight: &[u8], activation: &[u8]) -> f32 {
-            $dot_rows::<1>(weight, [activation])[0]
+        pub(super) fn $dot<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+            $dot_rows::<PARTS, 1>(weight, [activation])[0]
         }
 
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-        pub(super) fn $dot_rows<const R: usize>(
+        pub(super) fn $dot_rows<const PARTS: usize, const R: usize>(
             weight: &[u8],
             activations: [&[u8]; R],
         ) -> [f32; R] {

@@ -15,7 +15,7 @@ use crate::activation::{ActivationFormat, split32};
 use crate::bytes::{f16_at, f32_at, u32_at};
 use crate::format::Format;
 #[cfg(target_arch = "x86_64")]
-use crate::format::{Avx512Rows, DotFn, Tile, rows_kernel};
+use crate::format::{Avx512Rows, ByPrecision, DotFn, Tile, by_parts, rows_kernel};
 
 /// A block unpacked by the portable code.
 struct Unpacked {
@@ -174,11 +174,11 @@ macro_rules! legacy_formats {
                 dot::<Self>(weight, activation)
             }
             #[cfg(target_arch = "x86_64")]
-            const AVX2_DOT: DotFn = avx2::$avx2;
+            const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::$avx2);
             #[cfg(target_arch = "x86_64")]
-            const AVX512_DOT: DotFn = avx512::$avx512;
+            const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512::$avx512);
             #[cfg(target_arch = "x86_64")]
-            const AVX512_TILE: Option<Tile> = Some(Tile::of::<Avx512Rows<$format>>());
+            const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<$format>>());
         }
         rows_kernel! {
             Avx512Rows<$format> => avx512::$avx512_rows, 8;
