@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
 use lucebox_gguf::GgufFile;
+use lucebox_quant::ActivationPrecision;
 
 use crate::{Error, RaggedBatch};
 
@@ -184,8 +185,19 @@ pub trait Backend: Send + Sync + 'static {
     /// device's driver reports it; `None` where there is no such figure (the CPU).
     fn peak_bandwidth(&self) -> Option<f64>;
 
-    /// Makes the 2-D tensor `name` of `file` a matrix on the device.
-    fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<Self::Matrix, Error>;
+    /// The activation precisions [`load_matrix`](Backend::load_matrix) takes, the most exact
+    /// first.
+    const ACTIVATION_PRECISIONS: &'static [ActivationPrecision];
+
+    /// Makes the 2-D tensor `name` of `file` a matrix on the device, whose matmuls quantize
+    /// their activations at `precision` (one of [`ACTIVATION_PRECISIONS`](Self::ACTIVATION_PRECISIONS),
+    /// else [`Error::UnsupportedPrecision`]).
+    fn load_matrix(
+        &self,
+        file: &Arc<GgufFile>,
+        name: &str,
+        precision: ActivationPrecision,
+    ) -> Result<Self::Matrix, Error>;
     /// Makes the 1-D tensor `name` of `file` an f32 vector on the device.
     fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<Self::Vector, Error>;
     /// The length of a vector.

@@ -1,4 +1,5 @@
 use lucebox_gguf::GgmlType;
+use lucebox_quant::ActivationPrecision;
 
 /// An error from a compute backend.
 #[derive(Debug, thiserror::Error)]
@@ -13,6 +14,14 @@ pub enum Error {
         ty: GgmlType,
         /// The backend's name.
         backend: &'static str,
+    },
+    /// The backend has no kernels for activations of this precision.
+    #[error("the {backend} backend has no kernels for {precision} activations")]
+    UnsupportedPrecision {
+        /// The backend's name.
+        backend: &'static str,
+        /// The precision asked for.
+        precision: ActivationPrecision,
     },
     /// Shapes given to an operation do not fit together.
     #[error("{op}: {detail}")]

@@ -45,4 +45,5 @@ pub use gpu::{
 };
 #[cfg(feature = "hip")]
 pub use hip::{Hip, HipBackend};
+pub use lucebox_quant::ActivationPrecision;
 pub use tuning::GpuTuning;

@@ -4,6 +4,10 @@
 mod common;
 
 use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use lucebox_backend::{ActivationPrecision, CpuBackend};
+use lucebox_model::Model;
 
 use lucebox_engine::speculative::{DraftPolicy, NgramDrafter};
 use lucebox_engine::{
@@ -19,23 +23,37 @@ fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The model at each activation precision, on one backend.
+fn at_each_precision() -> impl Iterator<Item = Arc<Model<CpuBackend>>> {
+    let backend = Arc::new(CpuBackend::new(None).unwrap());
+    [ActivationPrecision::Split, ActivationPrecision::Single]
+        .into_iter()
+        .map(move |precision| common::load_on(&backend, MODEL, precision).1)
+}
+
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits() {
-    let (_, model) = common::load(MODEL);
-    let vocab = model.config().vocab;
-    let mut rng = Rng::seeded(11);
-    let sequences: Vec<Vec<u32>> = [5, 23, 1, 40]
-        .iter()
-        .map(|&n| random_tokens(&mut rng, n, vocab))
-        .collect();
-    common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
+    for model in at_each_precision() {
+        let vocab = model.config().vocab;
+        let mut rng = Rng::seeded(11);
+        let sequences: Vec<Vec<u32>> = [5, 23, 1, 40]
+            .iter()
+            .map(|&n| random_tokens(&mut rng, n, vocab))
+            .collect();
+        common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
+    }
 }
 
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn decoding_one_token_at_a_time_equals_one_prefill() {
-    let (_, model) = common::load(MODEL);
+    for model in at_each_precision() {
+        decoding_one_token_at_a_time_equals_one_prefill_on(model);
+    }
+}
+
+fn decoding_one_token_at_a_time_equals_one_prefill_on(model: Arc<Model<CpuBackend>>) {
     let vocab = model.config().vocab;
     let tokens = random_tokens(&mut Rng::seeded(12), 37, vocab);
     let prefill = common::prefill_logits(&model, &tokens);
@@ -69,7 +87,7 @@ fn decoding_one_token_at_a_time_equals_one_prefill() {
 
 /// What each sequence generates alone, on a fresh session: the reference for the batcher.
 fn alone(
-    model: &std::sync::Arc<lucebox_model::Model<lucebox_backend::CpuBackend>>,
+    model: &Arc<Model<CpuBackend>>,
     prompt: &[u32],
     params: &SamplingParams,
     max_tokens: usize,
@@ -139,7 +157,7 @@ fn run_batched(
 }
 
 fn batcher(
-    model: &std::sync::Arc<lucebox_model::Model<lucebox_backend::CpuBackend>>,
+    model: &Arc<Model<CpuBackend>>,
     kv_blocks: usize,
     max_sequences: usize,
     step_tokens: usize,
@@ -190,7 +208,7 @@ fn mixed_requests(vocab: usize) -> Vec<Request> {
 
 /// The mixed requests, and what each generates alone.
 fn mixed_requests_and_outputs_alone(
-    model: &std::sync::Arc<lucebox_model::Model<lucebox_backend::CpuBackend>>,
+    model: &Arc<Model<CpuBackend>>,
 ) -> (Vec<Request>, Vec<Vec<u32>>) {
     let requests = mixed_requests(model.config().vocab);
     let expected = requests

@@ -14,7 +14,8 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use lucebox_backend::{
-    Backend, BatchCapacity, CpuBackend, GpuTuning, RaggedBatch, Rope, RopeStyle,
+    ActivationPrecision, Backend, BatchCapacity, CpuBackend, GpuTuning, RaggedBatch, Rope,
+    RopeStyle,
 };
 
 /// The backend under test: CUDA's when both are built.
@@ -366,8 +367,10 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                 .iter()
                 .map(|(_, gpu)| {
                     (
-                        gpu.load_matrix(&file, "table").unwrap(),
-                        gpu.load_matrix(&file, "w").unwrap(),
+                        gpu.load_matrix(&file, "table", ActivationPrecision::Split)
+                            .unwrap(),
+                        gpu.load_matrix(&file, "w", ActivationPrecision::Split)
+                            .unwrap(),
                         gpu.load_vector(&file, "bias").unwrap(),
                     )
                 })

@@ -7,7 +7,7 @@ mod common;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use lucebox_backend::CpuBackend;
+use lucebox_backend::{ActivationPrecision, CpuBackend};
 use lucebox_engine::speculative::{
     DraftPolicy, Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator,
 };
@@ -94,20 +94,15 @@ fn model_drafter(model: &Arc<Model<CpuBackend>>) -> Box<dyn Drafter + Send> {
     Box::new(ModelDrafter::new(Arc::clone(model), config().context).unwrap())
 }
 
+/// The drafter at single-part activations, as the binary loads it: its precision only moves
+/// acceptance.
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn greedy_speculation_reproduces_plain_greedy_decoding() {
-    const TOKENS: usize = 32;
-    let (file, target) = common::load(TARGET);
-    let (_, drafter) = common::load(DRAFTER);
-    let greedy = SamplingParams::default();
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
-    let mut session = Session::new(Arc::clone(&target), config()).unwrap();
-    let expected: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| plain(&mut session, p, &greedy, TOKENS))
-        .collect();
-    let setups: [(&str, Box<dyn Drafter + Send>, DraftPolicy); 5] = [
+    let backend = Arc::new(CpuBackend::new(None).unwrap());
+    let (file, target) = common::load_on(&backend, TARGET, ActivationPrecision::Split);
+    let (_, drafter) = common::load_on(&backend, DRAFTER, ActivationPrecision::Single);
+    let setups: Vec<(&str, Box<dyn Drafter + Send>, DraftPolicy)> = vec![
         ("model, k=1", model_drafter(&drafter), DraftPolicy::Fixed(1)),
         ("model, k=3", model_drafter(&drafter), DraftPolicy::Fixed(3)),
         ("model, k=7", model_drafter(&drafter), DraftPolicy::Fixed(7)),
@@ -122,9 +117,45 @@ fn greedy_speculation_reproduces_plain_greedy_decoding() {
             DraftPolicy::Fixed(4),
         ),
     ];
+    check_greedy_speculation(&file, &target, setups);
+}
+
+/// A target at single-part activations: verify passes of several rows and plain steps of one
+/// row quantize alike, so speculation still reproduces its plain decoding.
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn greedy_speculation_reproduces_plain_greedy_decoding_at_single_part_activations() {
+    let backend = Arc::new(CpuBackend::new(None).unwrap());
+    let (file, target) = common::load_on(&backend, TARGET, ActivationPrecision::Single);
+    let (_, drafter) = common::load_on(&backend, DRAFTER, ActivationPrecision::Single);
+    let setups: Vec<(&str, Box<dyn Drafter + Send>, DraftPolicy)> = vec![
+        ("model, k=3", model_drafter(&drafter), DraftPolicy::Fixed(3)),
+        (
+            "ngram, k=4",
+            Box::new(NgramDrafter::default()),
+            DraftPolicy::Fixed(4),
+        ),
+    ];
+    check_greedy_speculation(&file, &target, setups);
+}
+
+/// Each setup's greedy output on every prompt equals the target's plain greedy output.
+fn check_greedy_speculation(
+    file: &GgufFile,
+    target: &Arc<Model<CpuBackend>>,
+    setups: Vec<(&str, Box<dyn Drafter + Send>, DraftPolicy)>,
+) {
+    const TOKENS: usize = 32;
+    let greedy = SamplingParams::default();
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(file, p)).collect();
+    let mut session = Session::new(Arc::clone(target), config()).unwrap();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| plain(&mut session, p, &greedy, TOKENS))
+        .collect();
     for (name, drafter, policy) in setups {
         let mut speculator =
-            Speculator::new(Arc::clone(&target), config(), drafter, policy).unwrap();
+            Speculator::new(Arc::clone(target), config(), drafter, policy).unwrap();
         let mut total = SpecStats::default();
         for (i, prompt) in prompts.iter().enumerate() {
             let (got, stats) = speculative(&mut speculator, prompt, &greedy, TOKENS);

@@ -117,7 +117,7 @@ pub(crate) fn run<B: Backend>(
             .collect();
         let report = serde_json::json!({
             "model": target.label,
-            "backend": lucebox_backend::Backend::describe(&**model.backend()),
+            "backend": crate::load::describe(model),
             "prompt_tokens": prompt_tokens,
             "gen_tokens": gen_tokens,
             "repetitions": repetitions,
@@ -126,10 +126,7 @@ pub(crate) fn run<B: Backend>(
         println!("{report}");
     } else {
         println!("model    {}", target.label);
-        println!(
-            "backend  {}",
-            lucebox_backend::Backend::describe(&**model.backend())
-        );
+        println!("backend  {}", crate::load::describe(model));
         println!("prompt {prompt_tokens} tokens, then {gen_tokens} decode steps, per sequence");
         println!(
             "{:>9} {:>14} {:>14} {:>16}",

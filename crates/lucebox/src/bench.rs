@@ -8,7 +8,7 @@ use lucebox_appliance::HostProfile;
 use lucebox_backend::Backend;
 use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
 
-use crate::load::{Device, TuningArgs, load_model};
+use crate::load::{Activations, Device, TuningArgs, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -30,6 +30,10 @@ pub(crate) struct BenchArgs {
     /// The backend to measure.
     #[arg(long, value_enum, default_value_t)]
     device: Device,
+    /// How finely the model's matmuls quantize their activations (a drafter's take the
+    /// cheapest precision).
+    #[arg(long, value_enum, default_value_t)]
+    activations: Activations,
     /// The host profile (`hosts/<chip>.toml`) whose `[kernels]` tuning a GPU device launches
     /// its kernels with [default: none, the backend's defaults].
     #[arg(long)]
@@ -96,6 +100,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             model: args.model.as_deref(),
             draft: args.draft.as_deref().unwrap_or("none"),
             threads: args.threads,
+            activations: args.activations,
             concurrency: &args.concurrency,
             requests: args.requests,
             max_tokens: args.max_tokens,
@@ -120,7 +125,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// Loads the model on `backend` and runs the benchmark `args` ask for.
 fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> anyhow::Result<()> {
-    let target = load_model(model_arg, backend).context("--model")?;
+    let target = load_model(model_arg, backend, args.activations.into()).context("--model")?;
     if args.spec {
         return crate::spec_bench::run(
             &target,
@@ -153,7 +158,7 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
         .sum();
     let model = target.model;
     let vocab = model.config().vocab as u64;
-    let describe = model.backend().describe();
+    let describe = crate::load::describe(&model);
     let peak_bandwidth = model.backend().peak_bandwidth();
     let config = SessionConfig {
         context: args.prompt_tokens.max(args.gen_tokens),

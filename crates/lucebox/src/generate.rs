@@ -14,7 +14,7 @@ use lucebox_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 
 use lucebox_backend::Backend;
 
-use crate::load::{Loaded, cpu_backend, load_model};
+use crate::load::{Activations, Loaded, cpu_backend, drafter_precision, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct GenerateArgs {
@@ -41,6 +41,10 @@ pub(crate) struct GenerateArgs {
     /// Threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// How finely the model's matmuls quantize their activations (a drafter's take the
+    /// cheapest precision: they cannot change the output).
+    #[arg(long, value_enum, default_value_t)]
+    activations: Activations,
     #[command(flatten)]
     speculation: SpeculationArgs,
 }
@@ -85,10 +89,11 @@ impl SpeculationArgs {
     }
 }
 
-/// The drafter model `arg` on the target's backend, refused with a one-line reason when the
-/// pair fails the checks that need no model run.
+/// The drafter model `arg` on the target's backend at the drafter precision, refused with a
+/// one-line reason when the pair fails the checks that need no model run.
 pub(crate) fn load_drafter<B: Backend>(arg: &str, target: &Loaded<B>) -> anyhow::Result<Loaded<B>> {
-    let drafter = load_model(arg, target.model.backend()).context("--draft")?;
+    let drafter =
+        load_model(arg, target.model.backend(), drafter_precision::<B>()).context("--draft")?;
     crate::pair::refuse_failing_pair(target, &drafter)?;
     Ok(drafter)
 }
@@ -163,7 +168,8 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         bail!("--max-tokens must be at least 1");
     }
     let policy = args.speculation.policy()?;
-    let target = load_model(&args.model, &cpu_backend(args.threads)?).context("--model")?;
+    let backend = cpu_backend(args.threads)?;
+    let target = load_model(&args.model, &backend, args.activations.into()).context("--model")?;
     let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
     let prompt = prompt_tokens(
         &target,

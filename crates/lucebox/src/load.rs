@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use lucebox_appliance::{BackendKind, HostProfile};
-use lucebox_backend::{Backend, CpuBackend, GpuTuning};
+use lucebox_backend::{ActivationPrecision, Backend, CpuBackend, GpuTuning};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
@@ -79,6 +79,27 @@ impl Device {
             #[cfg(not(feature = "hip"))]
             Device::Hip => bail!(NO_HIP),
             _ => Ok(()),
+        }
+    }
+}
+
+/// `--activations`: how finely the target's matmuls quantize their activations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Activations {
+    /// Two 8-bit parts per value (about 16 bits): the weights' rounding alone reaches the logits.
+    #[default]
+    Split,
+    /// One 8-bit part, as llama.cpp: half the integer work of a batch, prefill or verify step,
+    /// at 8-bit accuracy (CPU only).
+    Single,
+}
+
+impl From<Activations> for ActivationPrecision {
+    fn from(activations: Activations) -> Self {
+        match activations {
+            Activations::Split => ActivationPrecision::Split,
+            Activations::Single => ActivationPrecision::Single,
         }
     }
 }
@@ -199,11 +220,15 @@ pub(crate) fn cpu_backend(threads: Option<usize>) -> anyhow::Result<Arc<CpuBacke
     Ok(Arc::new(CpuBackend::new(threads)?))
 }
 
-/// The model named by `arg`, on `backend`.
-pub(crate) fn load_model<B: Backend>(arg: &str, backend: &Arc<B>) -> anyhow::Result<Loaded<B>> {
+/// The model named by `arg`, on `backend`, its matmuls quantizing activations at `precision`.
+pub(crate) fn load_model<B: Backend>(
+    arg: &str,
+    backend: &Arc<B>,
+    precision: ActivationPrecision,
+) -> anyhow::Result<Loaded<B>> {
     let (path, catalogue_name) = resolve_model(arg)?;
     let file = Arc::new(GgufFile::open(&path).with_context(|| path.display().to_string())?);
-    let model = Model::load(Arc::clone(backend), Arc::clone(&file))
+    let model = Model::load_with_precision(Arc::clone(backend), Arc::clone(&file), precision)
         .with_context(|| path.display().to_string())?;
     Ok(Loaded {
         label: arg.to_owned(),
@@ -212,6 +237,23 @@ pub(crate) fn load_model<B: Backend>(arg: &str, backend: &Arc<B>) -> anyhow::Res
         file,
         model: Arc::new(model),
     })
+}
+
+/// The backend a model runs on and its activation precision, for reports.
+pub(crate) fn describe<B: Backend>(model: &Model<B>) -> String {
+    format!(
+        "{}, {} activations",
+        model.backend().describe(),
+        model.activation_precision()
+    )
+}
+
+/// The precision a drafter's matmuls run at on `B`: the cheapest it has. A drafter only
+/// proposes; the target decides every token, so its precision cannot change the output.
+pub(crate) fn drafter_precision<B: Backend>() -> ActivationPrecision {
+    *B::ACTIVATION_PRECISIONS
+        .last()
+        .expect("every backend takes some precision")
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::generate::{draft_policy, load_drafter};
-use crate::load::{Device, TuningArgs, load_model};
+use crate::load::{Activations, Device, TuningArgs, load_model};
 
 /// Flags of `lucebox serve`; each overrides the same key of the --config file.
 #[derive(Debug, Args)]
@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// Compute threads of the CPU backend [default: all cores].
     #[arg(long)]
     threads: Option<usize>,
+    /// How finely the target's matmuls quantize their activations; the drafter's take the
+    /// cheapest precision, which cannot change the output [default: split].
+    #[arg(long, value_enum)]
+    activations: Option<Activations>,
     /// The backend to serve on [default: the profile's, `[engine] backend`].
     #[arg(long, value_enum)]
     device: Option<Device>,
@@ -117,6 +121,7 @@ struct FileConfig {
     step_tokens: Option<usize>,
     kv_cache_mib: Option<u64>,
     threads: Option<usize>,
+    activations: Option<Activations>,
     device: Option<Device>,
     host: Option<IpAddr>,
     port: Option<u16>,
@@ -142,6 +147,7 @@ struct Settings {
     step_tokens: usize,
     kv_cache_mib: u64,
     threads: Option<usize>,
+    activations: Activations,
     device: Device,
     tuning: GpuTuning,
     log_format: LogFormat,
@@ -266,6 +272,7 @@ impl Settings {
                 .or(file.kv_cache_mib)
                 .unwrap_or(defaults.kv_cache_mib),
             threads: args.threads.or(file.threads),
+            activations: args.activations.or(file.activations).unwrap_or_default(),
             device,
             tuning,
             log_format: args.log_format.or(file.log_format).unwrap_or_default(),
@@ -399,7 +406,8 @@ fn load(settings: &Settings) -> anyhow::Result<Engine> {
 /// Loads the model (and drafter) on `backend` and builds the batch engine that serves them.
 fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<Engine> {
     lucebox_server::notify::status(&format!("loading {}", settings.model));
-    let target = load_model(&settings.model, backend).context("--model")?;
+    let target =
+        load_model(&settings.model, backend, settings.activations.into()).context("--model")?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
     let template = ChatTemplate::from_gguf(target.file.metadata()).context("chat template")?;
     let model_id = target
@@ -469,6 +477,7 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
         "chip": settings.profile.chip().name(),
         "pair": settings.pair,
         "backend": backend.describe(),
+        "activations": target.model.activation_precision().to_string(),
         "chat_template": template.as_ref().map(|t| t.name().to_owned()),
     });
     Ok(Engine {

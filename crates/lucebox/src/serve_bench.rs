@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::load::Activations;
 use crate::spec_bench::{BenchPrompt, prompt_set};
 
 /// What to load and how.
@@ -26,6 +27,8 @@ pub(crate) struct ServeBenchArgs<'a> {
     /// The drafter `lucebox serve` gets (`none`, `ngram`, or a model).
     pub draft: &'a str,
     pub threads: Option<usize>,
+    /// The target's activation precision `lucebox serve` gets.
+    pub activations: Activations,
     pub concurrency: &'a [usize],
     /// Requests per concurrency level (default: twice the level, at least 8).
     pub requests: Option<usize>,
@@ -72,7 +75,7 @@ pub(crate) fn run(args: ServeBenchArgs<'_>) -> anyhow::Result<()> {
         Some(url) => (url.trim_end_matches('/').to_owned(), None),
         None => {
             let model = args.model.context("--serve needs --model or --url")?;
-            let (url, child) = spawn_server(model, args.draft, args.threads)?;
+            let (url, child) = spawn_server(model, args.draft, args.threads, args.activations)?;
             (url, Some(child))
         }
     };
@@ -141,6 +144,7 @@ fn spawn_server(
     model: &str,
     draft: &str,
     threads: Option<usize>,
+    activations: Activations,
 ) -> anyhow::Result<(String, Spawned)> {
     let exe = std::env::current_exe().context("finding the lucebox binary")?;
     let mut command = Command::new(exe);
@@ -149,6 +153,9 @@ fn spawn_server(
     ]);
     if let Some(threads) = threads {
         command.args(["--threads", &threads.to_string()]);
+    }
+    if let Some(activations) = clap::ValueEnum::to_possible_value(&activations) {
+        command.args(["--activations", activations.get_name()]);
     }
     let mut child = command
         .stdout(Stdio::null())

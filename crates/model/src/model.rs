@@ -1,7 +1,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, PassShape, Projection, RaggedBatch};
+use lucebox_backend::{
+    ActivationPrecision, Backend, BatchCapacity, KvLayout, PassShape, Projection, RaggedBatch,
+};
 use lucebox_gguf::GgufFile;
 
 use crate::{Architecture, Error, ModelConfig};
@@ -32,6 +34,7 @@ pub struct Model<B: Backend> {
     id: u64,
     backend: Arc<B>,
     config: ModelConfig,
+    activation_precision: ActivationPrecision,
     token_embd: B::Matrix,
     layers: Vec<Layer<B>>,
     output_norm: B::Vector,
@@ -44,6 +47,7 @@ impl<B: Backend> std::fmt::Debug for Model<B> {
         f.debug_struct("Model")
             .field("config", &self.config)
             .field("backend", &self.backend.describe())
+            .field("activation_precision", &self.activation_precision)
             .finish()
     }
 }
@@ -52,6 +56,7 @@ impl<B: Backend> std::fmt::Debug for Model<B> {
 struct Loader<'a, B: Backend> {
     backend: &'a B,
     file: &'a Arc<GgufFile>,
+    precision: ActivationPrecision,
 }
 
 impl<B: Backend> Loader<'_, B> {
@@ -88,7 +93,11 @@ impl<B: Backend> Loader<'_, B> {
         if !self.check(name, &[inputs, outputs])? {
             return Ok(None);
         }
-        Ok(Some(self.backend.load_matrix(self.file, name)?))
+        Ok(Some(self.backend.load_matrix(
+            self.file,
+            name,
+            self.precision,
+        )?))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<B::Vector, Error> {
@@ -106,8 +115,18 @@ impl<B: Backend> Loader<'_, B> {
 
 impl<B: Backend> Model<B> {
     /// Builds the model of `file` on `backend`, checking every tensor's shape against the
-    /// metadata.
+    /// metadata; its matmuls quantize activations in [`ActivationPrecision::Split`].
     pub fn load(backend: Arc<B>, file: Arc<GgufFile>) -> Result<Self, Error> {
+        Self::load_with_precision(backend, file, ActivationPrecision::Split)
+    }
+
+    /// As [`load`](Self::load), with every matmul quantizing its activations at `precision`:
+    /// one precision for every batch, so that a sequence's logits never depend on its batch.
+    pub fn load_with_precision(
+        backend: Arc<B>,
+        file: Arc<GgufFile>,
+        precision: ActivationPrecision,
+    ) -> Result<Self, Error> {
         let config = ModelConfig::from_gguf(&file)?;
         if file.tensor("rope_freqs.weight").is_some() {
             return Err(file
@@ -122,6 +141,7 @@ impl<B: Backend> Model<B> {
         let l = Loader {
             backend: &*backend,
             file: &file,
+            precision,
         };
         let q_width = c.heads * c.head_dim;
         let kv_width = c.kv_heads * c.head_dim;
@@ -163,6 +183,7 @@ impl<B: Backend> Model<B> {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             backend,
             config,
+            activation_precision: precision,
             token_embd,
             layers,
             output_norm,
@@ -173,6 +194,11 @@ impl<B: Backend> Model<B> {
     /// The hyperparameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// The precision its matmuls quantize activations at.
+    pub fn activation_precision(&self) -> ActivationPrecision {
+        self.activation_precision
     }
 
     /// The backend the weights live on.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 use lucebox_gguf::{GgufFile, TensorView};
-use lucebox_quant::{Isa, WeightFormat};
+use lucebox_quant::{ActivationPrecision, Isa, WeightFormat};
 
 use crate::batch::slot_of;
 use crate::checks::{self, Dims};
@@ -75,19 +75,23 @@ impl CpuBackend {
         self.pool.threads()
     }
 
-    /// The tensor `name` of `file`, checked to have `N` dims (ggml order), with its kernels.
+    /// The tensor `name` of `file`, checked to have `N` dims (ggml order), with its kernels for
+    /// activations at `precision`.
     fn tensor<'a, const N: usize>(
         &self,
         op: &'static str,
         file: &'a GgufFile,
         name: &str,
+        precision: ActivationPrecision,
     ) -> Result<(TensorView<'a>, [usize; N], WeightFormat), Error> {
         let (view, dims) = checks::tensor::<N>(op, file, name)?;
         let format =
-            WeightFormat::new(view.ggml_type(), self.isa).map_err(|_| Error::UnsupportedType {
-                tensor: name.to_owned(),
-                ty: view.ggml_type(),
-                backend: NAME,
+            WeightFormat::with_precision(view.ggml_type(), self.isa, precision).map_err(|_| {
+                Error::UnsupportedType {
+                    tensor: name.to_owned(),
+                    ty: view.ggml_type(),
+                    backend: NAME,
+                }
             })?;
         Ok((view, dims, format))
     }
@@ -181,8 +185,16 @@ impl Backend for CpuBackend {
         None
     }
 
-    fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuMatrix, Error> {
-        let (view, [cols, rows], format) = self.tensor("load_matrix", file, name)?;
+    const ACTIVATION_PRECISIONS: &'static [ActivationPrecision] =
+        &[ActivationPrecision::Split, ActivationPrecision::Single];
+
+    fn load_matrix(
+        &self,
+        file: &Arc<GgufFile>,
+        name: &str,
+        precision: ActivationPrecision,
+    ) -> Result<CpuMatrix, Error> {
+        let (view, [cols, rows], format) = self.tensor("load_matrix", file, name, precision)?;
         Ok(CpuMatrix {
             file: Arc::clone(file),
             name: name.to_owned(),
@@ -194,7 +206,8 @@ impl Backend for CpuBackend {
     }
 
     fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<CpuVector, Error> {
-        let (view, [len], format) = self.tensor("load_vector", file, name)?;
+        let (view, [len], format) =
+            self.tensor("load_vector", file, name, ActivationPrecision::Split)?;
         let mut values = vec![0.0; len];
         format.dequantize(view.data(), &mut values);
         Ok(CpuVector(values))

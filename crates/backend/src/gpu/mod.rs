@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lucebox_gguf::GgufFile;
-use lucebox_quant::{Isa, WeightFormat};
+use lucebox_quant::{ActivationPrecision, Isa, WeightFormat};
 
 use crate::checks::{self, Dims, HeadDims};
 use crate::{
@@ -769,7 +769,21 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.peak_bandwidth
     }
 
-    fn load_matrix(&self, file: &Arc<GgufFile>, name: &str) -> Result<GpuMatrix<R>, Error> {
+    // The kernels quantize activations in two parts as they write them (`q8.cuh`).
+    const ACTIVATION_PRECISIONS: &'static [ActivationPrecision] = &[ActivationPrecision::Split];
+
+    fn load_matrix(
+        &self,
+        file: &Arc<GgufFile>,
+        name: &str,
+        precision: ActivationPrecision,
+    ) -> Result<GpuMatrix<R>, Error> {
+        if !Self::ACTIVATION_PRECISIONS.contains(&precision) {
+            return Err(Error::UnsupportedPrecision {
+                backend: R::NAME,
+                precision,
+            });
+        }
         let (view, [cols, rows]) = checks::tensor("load_matrix", file, name)?;
         let format =
             self.kernels

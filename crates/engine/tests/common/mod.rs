@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use lucebox_backend::{Backend, BatchCapacity, CpuBackend, RaggedBatch};
+use lucebox_backend::{ActivationPrecision, Backend, BatchCapacity, CpuBackend, RaggedBatch};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
@@ -19,10 +19,19 @@ pub fn load_on_threads(
     name: &str,
     threads: Option<usize>,
 ) -> (Arc<GgufFile>, Arc<Model<CpuBackend>>) {
-    let file = Arc::new(GgufFile::open(lucebox_testkit::model(name)).unwrap());
     let backend = Arc::new(CpuBackend::new(threads).unwrap());
-    let model = Model::load(backend, Arc::clone(&file)).unwrap();
-    (file, Arc::new(model))
+    load_on(&backend, name, ActivationPrecision::Split)
+}
+
+/// A fetched catalogue model on `backend`, its matmuls at `precision`, with its file.
+pub fn load_on(
+    backend: &Arc<CpuBackend>,
+    name: &str,
+    precision: ActivationPrecision,
+) -> (Arc<GgufFile>, Arc<Model<CpuBackend>>) {
+    let file = Arc::new(GgufFile::open(lucebox_testkit::model(name)).unwrap());
+    let model = Model::load_with_precision(Arc::clone(backend), Arc::clone(&file), precision);
+    (file, Arc::new(model.unwrap()))
 }
 
 /// Runs `sequences` as one ragged batch, token order given by `order` (pairs of sequence index
