@@ -1,6 +1,7 @@
 //! What a speculative verify pass costs: the time of one forward pass over n tokens of one
 //! sequence, every row scored, against a plain one-token decode step, at a mid-length context.
-//! Speculation pays only while verifying k + 1 tokens costs little more than one step.
+//! Speculation pays only while verifying k + 1 tokens costs little more than one step. Each
+//! activation precision is measured in turn, on one backend, each against its own plain step.
 //!
 //! ```sh
 //! cargo run --release -p lucebox-engine --example verify-cost -- MODEL.gguf [THREADS]
@@ -9,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use lucebox_backend::CpuBackend;
+use lucebox_backend::{ActivationPrecision, CpuBackend};
 use lucebox_engine::{Session, SessionConfig};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
@@ -21,7 +22,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("usage: verify-cost MODEL.gguf [THREADS]")?;
     let threads = args.next().map(|t| t.parse()).transpose()?;
     let file = Arc::new(GgufFile::open(&path)?);
-    let model = Arc::new(Model::load(Arc::new(CpuBackend::new(threads)?), file)?);
+    let backend = Arc::new(CpuBackend::new(threads)?);
+    for precision in [ActivationPrecision::Split, ActivationPrecision::Single] {
+        let model = Model::load_with_precision(Arc::clone(&backend), Arc::clone(&file), precision)?;
+        println!("{precision} activations");
+        measure(Arc::new(model))?;
+    }
+    Ok(())
+}
+
+/// Prints the cost of passes of 1 to 9 tokens against the one-token pass.
+fn measure(model: Arc<Model<CpuBackend>>) -> Result<(), Box<dyn std::error::Error>> {
     const CONTEXT: usize = 256;
     const LONGEST: usize = 9;
     const REPS: usize = 20;
