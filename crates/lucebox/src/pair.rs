@@ -13,9 +13,9 @@ use lucebox_tokenizer::Tokenizer;
 use serde::Serialize;
 
 use crate::generate::prompt_tokens;
-use lucebox_backend::{ActivationPrecision, Backend, CpuBackend};
+use lucebox_backend::{Backend, CpuBackend};
 
-use crate::load::{Loaded, cpu_backend, drafter_precision, load_model};
+use crate::load::{Activations, Loaded, cpu_backend, drafter_precision, load_model};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct VerifyPairArgs {
@@ -117,9 +117,9 @@ pub(crate) fn run(args: VerifyPairArgs) -> anyhow::Result<()> {
         bail!("--probe-tokens must be at least 2");
     }
     let backend = cpu_backend(args.threads)?;
-    // Each at the precision it is served with, so that the probe measures what serving gets.
+    // Each at the precision serving gives it by default, so that the probe measures that.
     let target =
-        load_model(&args.target, &backend, ActivationPrecision::Split).context("TARGET")?;
+        load_model(&args.target, &backend, Activations::default().into()).context("TARGET")?;
     let drafter = load_model(&args.drafter, &backend, drafter_precision::<CpuBackend>())
         .context("DRAFTER")?;
     eprintln!("hashing catalogue models...");

@@ -79,9 +79,11 @@ fn split<const PARTS: usize, const GROUPS: usize>(
     for (k, (values, residual)) in values.iter().zip(&mut residual).enumerate() {
         let ints = quantize32(values, inverse, array_mut(block, hi + 32 * k));
         sums[0][k] = half_sums(&ints);
-        *residual = std::array::from_fn(|i| {
-            _mm256_sub_ps(values[i], _mm256_mul_ps(d, _mm256_cvtepi32_ps(ints[i])))
-        });
+        if PARTS == 2 {
+            *residual = std::array::from_fn(|i| {
+                _mm256_sub_ps(values[i], _mm256_mul_ps(d, _mm256_cvtepi32_ps(ints[i])))
+            });
+        }
     }
     if PARTS == 1 {
         for k in 0..GROUPS {
