@@ -24,8 +24,8 @@ use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
 use lucebox_model::{Model, Workspace};
 
 use crate::speculative::{
-    Draft, DraftLength, DraftPolicy, DraftTiming, Drafter, MAX_DRAFT, Round, Scores, SpecStats,
-    accept, run_drafter,
+    Draft, DraftPolicy, DraftTiming, Drafter, MAX_DRAFT, PairCosts, Round, Scores,
+    SequenceDrafting, SpecStats, accept, run_drafter,
 };
 use crate::{
     BlockPool, Error, GenerationStats, MAX_TOP_LOGPROBS, Sampler, SequenceBlocks, StopReason,
@@ -156,7 +156,7 @@ struct Sequence {
     first_scheduled: Option<Instant>,
     first_token: Option<Instant>,
     spec: SpecStats,
-    draft_length: DraftLength,
+    drafting: SequenceDrafting,
 }
 
 impl Sequence {
@@ -185,6 +185,8 @@ struct Speculation {
     drafter: Box<dyn Drafter + Send>,
     policy: DraftPolicy,
     draft: Draft,
+    /// What drafting and verifying cost, kept across sequences.
+    costs: PairCosts,
     /// The sequence that drafted last: the drafter restarts when another one does.
     last: Option<SequenceId>,
     /// Vocabulary-sized zeros, scratch for rejection sampling.
@@ -287,6 +289,7 @@ impl<B: Backend> Batcher<B> {
                 drafter,
                 policy,
                 draft: Draft::default(),
+                costs: PairCosts::default(),
                 last: None,
                 dense: vec![0.0; vocab],
             }),
@@ -340,18 +343,24 @@ impl<B: Backend> Batcher<B> {
                 && let Some(spec) = &mut self.speculation
             {
                 let seq = &mut self.running[index];
-                let wanted = match spec.policy {
-                    DraftPolicy::Fixed(k) => k,
-                    DraftPolicy::Adaptive(_) => seq.draft_length.choose(),
-                };
+                let remaining = seq.max_tokens - seq.generated;
+                let plan = seq.drafting.plan(
+                    &*spec.drafter,
+                    spec.policy,
+                    &spec.costs,
+                    &seq.tokens,
+                    remaining,
+                );
                 let room = self.config.context - seq.blocks.len();
                 // Nothing is drafted beyond what may still be generated or fit in the context.
-                let k = wanted.min(seq.max_tokens - seq.generated - 1).min(room - 1);
+                let k = plan.wanted.min(remaining - 1).min(room - 1);
                 if k > 0 && spec.last != Some(seq.id) {
                     spec.drafter.start(seq.sampler.params())?;
                     spec.last = Some(seq.id);
                 }
-                let timing = run_drafter(&mut *spec.drafter, &seq.tokens, k, &mut spec.draft)?;
+                let view = &seq.tokens[plan.view_from..];
+                let timing =
+                    run_drafter(&mut *spec.drafter, view, plan.unseen, k, &mut spec.draft)?;
                 count += spec.draft.len();
                 drafting = Some((k, timing));
             }
@@ -499,7 +508,7 @@ impl<B: Backend> Batcher<B> {
                             recorded_a_pass: self.model.backend().passes_recorded()
                                 != passes_recorded,
                         };
-                        round.record(k, &mut seq.spec, &mut seq.draft_length);
+                        round.record(k, &mut seq.spec, &mut seq.drafting.control, &mut spec.costs);
                         row += rows;
                     }
                     _ => {
@@ -610,7 +619,10 @@ where
         }
         let id = SequenceId(self.next_id);
         self.next_id += 1;
-        let longest_draft = self.speculation.as_ref().map_or(0, |s| s.policy.longest());
+        let drafting = match &self.speculation {
+            Some(spec) => SequenceDrafting::new(spec.policy, &spec.costs),
+            None => SequenceDrafting::new(DraftPolicy::Fixed(0), &PairCosts::default()),
+        };
         self.waiting.push_back(Sequence {
             id,
             prompt_tokens: prompt.len(),
@@ -624,7 +636,7 @@ where
             first_scheduled: None,
             first_token: None,
             spec: SpecStats::default(),
-            draft_length: DraftLength::new(longest_draft),
+            drafting,
         });
         Ok(id)
     }

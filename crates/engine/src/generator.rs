@@ -2,7 +2,7 @@ use std::ops::ControlFlow;
 
 use lucebox_backend::Backend;
 
-use crate::speculative::{SpecStats, Speculator};
+use crate::speculative::{PairCosts, SpecStats, Speculator};
 use crate::{Error, GenerationStats, Sampler, Session};
 
 /// One sequence's generation, plain ([`Session`]) or speculative ([`Speculator`]), for callers
@@ -25,6 +25,11 @@ pub trait Generator: Send {
 
     /// The tokens whose KV positions the generator holds now.
     fn held_tokens(&self) -> usize;
+
+    /// What speculation has measured of its pair so far; `None` for plain decoding.
+    fn pair_costs(&self) -> Option<&PairCosts> {
+        None
+    }
 }
 
 impl<B: Backend> Generator for Session<B>
@@ -75,5 +80,9 @@ where
 
     fn held_tokens(&self) -> usize {
         self.tokens().len()
+    }
+
+    fn pair_costs(&self) -> Option<&PairCosts> {
+        Some(self.costs())
     }
 }

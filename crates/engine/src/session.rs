@@ -194,6 +194,11 @@ impl<B: Backend> Session<B> {
         self.feed(&tokens[shared..])
     }
 
+    /// How many tokens [`follow`](Self::follow) would feed to make the sequence `tokens`.
+    pub fn unshared(&self, tokens: &[u32]) -> usize {
+        tokens.len() - self.shared_prefix(tokens)
+    }
+
     /// How many leading tokens `tokens` shares with the sequence.
     fn shared_prefix(&self, tokens: &[u32]) -> usize {
         self.tokens

@@ -5,7 +5,9 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use lucebox_engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator};
+use lucebox_engine::speculative::{
+    Drafter, MAX_DRAFT, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+};
 use lucebox_engine::{Generator, Sampler, SamplingParams, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
@@ -139,13 +141,34 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
             });
         }
     }
+    let speculating = || {
+        modes
+            .iter()
+            .filter_map(|(mode, generator)| Some((*mode, generator.pair_costs()?)))
+    };
     if args.json {
+        let costs: serde_json::Map<_, _> = speculating()
+            .map(|(mode, costs)| {
+                let passes: serde_json::Map<_, _> = (0..=MAX_DRAFT)
+                    .filter_map(|k| Some(((k + 1).to_string(), costs.verify_pass_seconds(k)?)))
+                    .map(|(tokens, s)| (tokens, serde_json::json!(s * 1e3)))
+                    .collect();
+                let measured = serde_json::json!({
+                    "acceptance": costs.acceptance(),
+                    "draft_ms_per_token": costs.draft_seconds().map(|s| s * 1e3),
+                    "catch_up_ms_per_token": costs.catch_up_seconds().map(|s| s * 1e3),
+                    "pass_ms_by_tokens": passes,
+                });
+                (mode.to_string(), measured)
+            })
+            .collect();
         let report = serde_json::json!({
             "model": target.label,
             "draft": args.draft,
             "policy": format!("{policy:?}"),
             "repetitions": args.repetitions,
             "runs": runs,
+            "measured_costs": costs,
         });
         println!("{report}");
     } else {
@@ -174,6 +197,10 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
                 r.plain_steps.map_or("-".into(), |n| n.to_string()),
                 if r.same_output_as_plain { "yes" } else { "NO" },
             );
+        }
+        println!("what each mode's draft-length control measured, over all prompts:");
+        for (mode, costs) in speculating() {
+            println!("  {mode}: {costs}");
         }
     }
     if let Some(r) = runs.iter().find(|r| !r.same_output_as_plain) {

@@ -6,10 +6,21 @@
 //! pass of n tokens from the rounds it has seen, and picks the k with the best expected tokens
 //! per second. k = 0 is plain decoding; when it wins, speculation is off for the sequence and
 //! an occasional short probe round refreshes the acceptance estimate, so speculation comes back
-//! when the text turns predictable again. No probe runs when the measured costs leave no room
-//! for a gain even at full acceptance: a probe is not free (a model drafter first catches up on
-//! every token since its last round).
+//! when the text turns predictable again.
+//!
+//! Costs belong to the pair and the machine, acceptance to the text: [`PairCosts`] keeps the
+//! former across every sequence of a speculator or batcher, [`DraftLength`] the latter per
+//! sequence, starting from the pair's long-run acceptance. A drafter that keeps a cache must
+//! first catch up on every token it has not seen (a new prompt, the plain steps since its last
+//! round), at a measured cost per token. A round that needs such a catch-up gets an allowance:
+//! for a draft, what its faster rounds save over the tokens the sequence may still generate;
+//! for a probe, a small share of the plain decoding since the last round. A catch-up beyond
+//! the allowance is cut short: the drafter restarts on only the sequence's last tokens, as
+//! many as the allowance pays for, which only makes its guesses poorer. Without that, a
+//! drafter that must follow the whole sequence to probe costs a fixed share of every step,
+//! whatever the probe interval.
 
+use std::fmt;
 use std::time::Duration;
 
 /// The longest draft a sequence may use.
@@ -26,11 +37,57 @@ const FIRST_PROBE_AFTER: u32 = 8;
 const LONGEST_PROBE_AFTER: u32 = 256;
 /// The draft length of the first speculative round and of probe rounds.
 const PROBE_DRAFT: usize = 2;
+/// Catching up on this many tokens is one drafter step, the last token of the previous
+/// round: part of the steady price of drafting, not a prefill.
+const STEADY_CATCH_UP: usize = 1;
+/// A catch-up must be repaid within this many tokens (fewer when the sequence may not
+/// generate that many): generations often end well before their limit, and a gain predicted
+/// further ahead is a guess.
+const REPAY_WITHIN: usize = 256;
+/// A probe may spend at most this share of the plain decoding since the sequence's last round
+/// on catching the drafter up, so that probing stays within noise of plain decoding.
+const PROBE_SHARE: f64 = 0.05;
+/// The fewest tokens a drafter restarts on: with less context its guesses say little about
+/// the acceptance it would reach.
+const MIN_RESTART_CONTEXT: usize = 32;
+
+/// How a drafter catches up before a round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CatchUp {
+    /// On every token it has not seen.
+    Full,
+    /// Forgetting what it holds, on the sequence's last this many tokens only.
+    RestartOn(usize),
+}
+
+/// What the next round does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Tokens to draft; 0 is a plain step.
+    pub draft: usize,
+    /// How the drafter catches up first.
+    pub catch_up: CatchUp,
+}
+
+impl Plan {
+    /// A plain step.
+    pub const PLAIN: Self = Self::draft(0);
+
+    /// Drafting `k` tokens after a full catch-up.
+    pub const fn draft(k: usize) -> Self {
+        Self {
+            draft: k,
+            catch_up: CatchUp::Full,
+        }
+    }
+}
 
 /// What the measurements call for.
 enum Verdict {
-    /// Draft this many tokens.
-    Draft(usize),
+    /// Nothing known yet of the drafter's acceptance or cost: a short round measures them.
+    Measure(usize),
+    /// Draft this many tokens, saving this many seconds per generated token.
+    Draft { k: usize, saving_per_token: f64 },
     /// Decode plainly; a probe round may still turn speculation back on, or it may not.
     Plain { probe_may_pay: bool },
 }
@@ -45,81 +102,82 @@ impl Average {
     }
 }
 
-/// Per-sequence draft-length control.
-#[derive(Clone, Debug)]
-pub struct DraftLength {
-    max: usize,
-    /// The chance that a drafted token is accepted, given the ones before it were.
+/// What one target–drafter pair costs on this machine, measured by the rounds of all the
+/// sequences that speculate with it, and the acceptance they saw in the long run.
+#[derive(Clone, Debug, Default)]
+pub struct PairCosts {
+    /// The chance that a drafted token is accepted, over all sequences: a new sequence's prior.
     acceptance: Average,
-    /// Seconds the drafter spends per proposed token.
-    draft_cost: Average,
+    /// Seconds the drafter spends per proposed token, steady catch-ups included.
+    draft: Average,
+    /// Seconds the drafter spends per token when it catches up on more than a steady round's.
+    catch_up: Average,
     /// Seconds of a target forward pass of `n + 1` tokens, at index `n`.
-    verify_cost: [Average; MAX_DRAFT + 1],
-    plain_steps: u32,
-    probe_after: u32,
-    /// Whether the last round drafted.
-    drafted_last: bool,
+    verify: [Average; MAX_DRAFT + 1],
 }
 
-impl DraftLength {
-    /// A controller that drafts at most `max` tokens (capped at [`MAX_DRAFT`]).
-    pub fn new(max: usize) -> Self {
-        Self {
-            max: max.min(MAX_DRAFT),
-            acceptance: Average::default(),
-            draft_cost: Average::default(),
-            verify_cost: [Average::default(); MAX_DRAFT + 1],
-            plain_steps: 0,
-            probe_after: FIRST_PROBE_AFTER,
-            drafted_last: false,
+impl PairCosts {
+    /// The long-run chance that a drafted token is accepted.
+    pub fn acceptance(&self) -> Option<f64> {
+        self.acceptance.0
+    }
+
+    /// Seconds the drafter spends per proposed token, steady catch-ups included.
+    pub fn draft_seconds(&self) -> Option<f64> {
+        self.draft.0
+    }
+
+    /// Seconds the drafter spends per token catching up beyond a round's last token.
+    pub fn catch_up_seconds(&self) -> Option<f64> {
+        self.catch_up.0
+    }
+
+    /// The measured seconds of a target pass verifying `k` drafted tokens (0: a plain step).
+    pub fn verify_pass_seconds(&self, k: usize) -> Option<f64> {
+        self.verify.get(k)?.0
+    }
+
+    /// Records the time of a target pass that verified `drafted` tokens (0: a plain step).
+    pub(crate) fn observe_verify(&mut self, drafted: usize, time: Duration) {
+        self.verify[drafted.min(MAX_DRAFT)].observe(time.as_secs_f64());
+    }
+
+    /// Records a drafter's work before verifying: `caught_up` tokens it had not seen, then
+    /// `drafted` proposed ones. A steady catch-up counts in the price of the drafted tokens.
+    pub(crate) fn observe_drafting(
+        &mut self,
+        caught_up: usize,
+        catch_up_time: Duration,
+        drafted: usize,
+        propose_time: Duration,
+    ) {
+        let mut draft_time = propose_time;
+        if caught_up > STEADY_CATCH_UP {
+            self.catch_up
+                .observe(catch_up_time.as_secs_f64() / caught_up as f64);
+        } else {
+            draft_time += catch_up_time;
+        }
+        if drafted > 0 {
+            self.draft
+                .observe(draft_time.as_secs_f64() / drafted as f64);
         }
     }
 
-    /// The draft length for the next round.
-    pub fn choose(&self) -> usize {
-        match self.verdict() {
-            Verdict::Draft(k) => k,
-            Verdict::Plain { probe_may_pay } => {
-                if probe_may_pay && self.plain_steps >= self.probe_after {
-                    PROBE_DRAFT.min(self.max)
-                } else {
-                    0
-                }
-            }
-        }
-    }
-
-    /// What the measurements so far call for, probes aside.
-    fn verdict(&self) -> Verdict {
-        let plain_only = Verdict::Plain {
-            probe_may_pay: false,
+    /// How a drafter catches up on `unseen` tokens within `allowance` seconds: fully when
+    /// that fits (or is a steady catch-up, or its cost is not yet measured), on as many of the
+    /// last tokens as fit when those are enough to draft from, else (`None`) not at all.
+    fn catch_up_within(&self, unseen: usize, allowance: f64) -> Option<CatchUp> {
+        let per_token = match self.catch_up.0 {
+            Some(seconds) if unseen > STEADY_CATCH_UP && seconds > 0.0 => seconds,
+            _ => return Some(CatchUp::Full),
         };
-        if self.max == 0 {
-            return plain_only;
+        if per_token * unseen as f64 <= allowance {
+            return Some(CatchUp::Full);
         }
-        // Measure plain decoding first, then a short draft: the cost model extrapolates from
-        // both, and a short first draft is cheap where verifying costs much more than a step.
-        let Some(plain) = self.verify_cost[0].0 else {
-            return plain_only;
-        };
-        let (Some(acceptance), Some(draft)) = (self.acceptance.0, self.draft_cost.0) else {
-            return Verdict::Draft(PROBE_DRAFT.min(self.max));
-        };
-        let best = (1..=self.max)
-            .map(|k| (k, self.tokens_per_second(k, acceptance, draft)))
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .expect("max >= 1");
-        if best.1 > REQUIRED_GAIN / plain {
-            return Verdict::Draft(best.0);
-        }
-        // A probe only refreshes the acceptance estimate: when even drafts that are always
-        // accepted would not beat plain decoding at the measured costs, it cannot pay.
-        let ceiling = (1..=self.max)
-            .map(|k| self.tokens_per_second(k, 1.0, draft))
-            .fold(0.0, f64::max);
-        Verdict::Plain {
-            probe_may_pay: ceiling > REQUIRED_GAIN / plain,
-        }
+        // The allowance is finite and not negative: the cast floors it.
+        let affordable = (allowance / per_token) as usize;
+        (affordable >= MIN_RESTART_CONTEXT).then_some(CatchUp::RestartOn(affordable))
     }
 
     /// Expected tokens per second of rounds drafting `k` tokens.
@@ -132,7 +190,7 @@ impl DraftLength {
     /// when it was, else interpolated linearly between the nearest measured lengths, else
     /// extrapolated along the line through the shortest and longest measured ones.
     fn verify_seconds(&self, k: usize) -> f64 {
-        let measured = |i: usize| self.verify_cost[i].0.map(|s| (i as f64, s));
+        let measured = |i: usize| self.verify[i].0.map(|s| (i as f64, s));
         if let Some((_, s)) = measured(k) {
             return s;
         }
@@ -153,42 +211,125 @@ impl DraftLength {
             _ => 0.0,
         }
     }
+}
 
-    /// Records a round: `drafted` tokens proposed in `draft_time`, of which the first
-    /// `accepted` were accepted, verified in a forward pass that took `verify_time`.
-    pub fn observe(
-        &mut self,
-        drafted: usize,
-        accepted: usize,
-        draft_time: Duration,
-        verify_time: Duration,
-    ) {
-        self.verify_cost[drafted.min(MAX_DRAFT)].observe(verify_time.as_secs_f64());
-        if drafted > 0 {
-            self.draft_cost
-                .observe(draft_time.as_secs_f64() / drafted as f64);
+/// The estimates in milliseconds, for logs and benchmarks.
+impl fmt::Display for PairCosts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |s: Option<f64>| s.map_or("-".into(), |s| format!("{:.1} ms", s * 1e3));
+        let acceptance = self.acceptance.0.map_or("-".into(), |a| format!("{a:.2}"));
+        write!(
+            f,
+            "acceptance {acceptance}, drafting {} a token, catching up {} a token, passes of",
+            ms(self.draft.0),
+            ms(self.catch_up.0)
+        )?;
+        let passes = (0..=MAX_DRAFT).filter_map(|k| Some((k + 1, self.verify[k].0?)));
+        for (tokens, seconds) in passes {
+            write!(f, " {tokens}: {}", ms(Some(seconds)))?;
         }
-        self.observe_untimed(drafted, accepted);
+        Ok(())
+    }
+}
+
+/// Per-sequence draft-length control; the costs it weighs are the pair's, passed in.
+#[derive(Clone, Debug)]
+pub struct DraftLength {
+    max: usize,
+    /// The chance that a drafted token is accepted, given the ones before it were.
+    acceptance: Average,
+    plain_steps: u32,
+    probe_after: u32,
+}
+
+impl DraftLength {
+    /// A controller that drafts at most `max` tokens (capped at [`MAX_DRAFT`]), expecting the
+    /// acceptance the pair has shown so far.
+    pub fn new(max: usize, costs: &PairCosts) -> Self {
+        Self {
+            max: max.min(MAX_DRAFT),
+            acceptance: costs.acceptance,
+            plain_steps: 0,
+            probe_after: FIRST_PROBE_AFTER,
+        }
     }
 
-    /// Records a round whose times say nothing of the steady costs (a pass of it was recorded
-    /// as a graph, a one-off cost): what was accepted only.
-    pub fn observe_untimed(&mut self, drafted: usize, accepted: usize) {
-        self.drafted_last = drafted > 0;
+    /// The next round, when the drafter has `unseen` tokens to catch up on first and the
+    /// sequence may generate `remaining` more.
+    pub fn choose(&self, costs: &PairCosts, unseen: usize, remaining: usize) -> Plan {
+        let (k, allowance) = match self.verdict(costs) {
+            // Nothing is known yet to weigh a catch-up against.
+            Verdict::Measure(k) => return Plan::draft(k),
+            Verdict::Draft {
+                k,
+                saving_per_token,
+            } => (k, saving_per_token * remaining.min(REPAY_WITHIN) as f64),
+            Verdict::Plain {
+                probe_may_pay: true,
+            } if self.plain_steps >= self.probe_after => {
+                let plain_time = f64::from(self.plain_steps) * costs.verify_seconds(0);
+                (PROBE_DRAFT.min(self.max), PROBE_SHARE * plain_time)
+            }
+            Verdict::Plain { .. } => return Plan::PLAIN,
+        };
+        costs
+            .catch_up_within(unseen, allowance)
+            .map_or(Plan::PLAIN, |catch_up| Plan { draft: k, catch_up })
+    }
+
+    /// What the measurements so far call for, catch-ups and probes aside.
+    fn verdict(&self, costs: &PairCosts) -> Verdict {
+        let plain_only = Verdict::Plain {
+            probe_may_pay: false,
+        };
+        if self.max == 0 {
+            return plain_only;
+        }
+        // Measure plain decoding first, then a short draft: the cost model extrapolates from
+        // both, and a short first draft is cheap where verifying costs much more than a step.
+        let Some(plain) = costs.verify[0].0 else {
+            return plain_only;
+        };
+        let (Some(acceptance), Some(draft)) = (self.acceptance.0, costs.draft.0) else {
+            return Verdict::Measure(PROBE_DRAFT.min(self.max));
+        };
+        let best = (1..=self.max)
+            .map(|k| (k, costs.tokens_per_second(k, acceptance, draft)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("max >= 1");
+        if best.1 > REQUIRED_GAIN / plain {
+            return Verdict::Draft {
+                k: best.0,
+                saving_per_token: plain - 1.0 / best.1,
+            };
+        }
+        // A probe only refreshes the acceptance estimate: when even drafts that are always
+        // accepted would not beat plain decoding at the measured costs, it cannot pay.
+        let ceiling = (1..=self.max)
+            .map(|k| costs.tokens_per_second(k, 1.0, draft))
+            .fold(0.0, f64::max);
+        Verdict::Plain {
+            probe_may_pay: ceiling > REQUIRED_GAIN / plain,
+        }
+    }
+
+    /// Records a round: `drafted` tokens proposed, of which the first `accepted` were
+    /// accepted, in this sequence and in the pair's long-run acceptance.
+    pub fn observe(&mut self, costs: &mut PairCosts, drafted: usize, accepted: usize) {
         if drafted == 0 {
             self.plain_steps += 1;
             return;
         }
         // Each accepted token is a success; a rejection (when there was one) a failure.
-        for _ in 0..accepted {
-            self.acceptance.observe(1.0);
-        }
-        if accepted < drafted {
-            self.acceptance.observe(0.0);
+        let outcomes =
+            std::iter::repeat_n(1.0, accepted).chain((accepted < drafted).then_some(0.0));
+        for outcome in outcomes {
+            self.acceptance.observe(outcome);
+            costs.acceptance.observe(outcome);
         }
         if self.plain_steps >= self.probe_after {
             // That was a probe: if speculation stays off, wait longer before the next one.
-            let still_off = matches!(self.verdict(), Verdict::Plain { .. });
+            let still_off = matches!(self.verdict(costs), Verdict::Plain { .. });
             self.probe_after = if still_off {
                 (self.probe_after * 2).min(LONGEST_PROBE_AFTER)
             } else {
@@ -196,22 +337,6 @@ impl DraftLength {
             };
         }
         self.plain_steps = 0;
-    }
-
-    /// Records a round in which the drafter had nothing to propose (n-gram lookup without a
-    /// match): a plain step that says nothing about acceptance, and whose time, when it is
-    /// given, is a plain step's cost.
-    pub fn observe_empty_draft(&mut self, verify_time: Option<Duration>) {
-        if let Some(time) = verify_time {
-            self.verify_cost[0].observe(time.as_secs_f64());
-        }
-        self.drafted_last = false;
-    }
-
-    /// Whether the last round drafted: then a drafter's catch-up covers only that round's
-    /// last tokens, a cost every round pays, not a prefill paid once.
-    pub(crate) fn drafted_last_round(&self) -> bool {
-        self.drafted_last
     }
 }
 
@@ -223,35 +348,57 @@ mod tests {
         Duration::from_secs_f64(x / 1000.0)
     }
 
+    /// Records a round of `k` drafts, `accepted` of them accepted, by a drafter that had
+    /// nothing to catch up on, drafting in `draft` and verifying in `verify` milliseconds.
+    fn run_round(
+        c: &mut DraftLength,
+        costs: &mut PairCosts,
+        (k, accepted, draft, verify): (usize, usize, f64, f64),
+    ) {
+        costs.observe_verify(k, ms(verify));
+        costs.observe_drafting(0, Duration::ZERO, k, ms(draft));
+        c.observe(costs, k, accepted);
+    }
+
     /// Runs rounds against a simulated pair: plain step 50 ms, each extra verified token
     /// `verify_slope` ms, each drafted token `draft` ms, every draft token accepted with
     /// `acceptance` (deterministically, as its expected run length).
     fn settle(acceptance: f64, draft: f64, verify_slope: f64) -> usize {
-        let mut c = DraftLength::new(8);
+        let mut costs = PairCosts::default();
+        let mut c = DraftLength::new(8, &costs);
         let mut k = 0;
         for _ in 0..200 {
-            k = c.choose();
+            k = c.choose(&costs, 0, 1000).draft;
             let accepted = (0..k)
                 .take_while(|&i| acceptance.powi(i as i32 + 1) >= 0.5)
                 .count();
-            let verify = ms(50.0 + verify_slope * k as f64);
-            c.observe(k, accepted, ms(draft * k as f64), verify);
+            let round = (
+                k,
+                accepted,
+                draft * k as f64,
+                50.0 + verify_slope * k as f64,
+            );
+            run_round(&mut c, &mut costs, round);
         }
         k
     }
 
-    /// Runs 400 rounds, `round(k)` giving each the accepted tokens, draft and verify
-    /// milliseconds; returns how many rounds drafted.
-    fn drafted_rounds(round: impl Fn(usize) -> (usize, f64, f64)) -> usize {
-        let mut c = DraftLength::new(8);
+    /// Runs 400 rounds on `costs`, `round(k)` giving each the accepted tokens, draft and
+    /// verify milliseconds; returns how many rounds drafted.
+    fn drafted_rounds(costs: &mut PairCosts, round: impl Fn(usize) -> (usize, f64, f64)) -> usize {
+        let mut c = DraftLength::new(8, costs);
         let mut drafted = 0;
         for _ in 0..400 {
-            let k = c.choose();
+            let k = c.choose(costs, 0, 1000).draft;
             drafted += usize::from(k > 0);
             let (accepted, draft, verify) = round(k);
-            c.observe(k, accepted, ms(draft), ms(verify));
+            run_round(&mut c, costs, (k, accepted, draft, verify));
         }
         drafted
+    }
+
+    fn never_right(k: usize) -> (usize, f64, f64) {
+        (0, 20.0 * k as f64, 50.0 + 5.0 * k as f64)
     }
 
     #[test]
@@ -261,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_drafter_that_is_never_right_turns_speculation_off() {
-        let drafted_rounds = drafted_rounds(|k| (0, 20.0 * k as f64, 50.0 + 5.0 * k as f64));
+        let drafted_rounds = drafted_rounds(&mut PairCosts::default(), never_right);
         // The first short round, then probes at growing intervals: a handful in all.
         assert!(drafted_rounds <= 8, "{drafted_rounds} drafted rounds");
         assert!(drafted_rounds >= 2, "probes continue");
@@ -276,24 +423,110 @@ mod tests {
     #[test]
     fn no_probes_when_even_perfect_drafts_cannot_pay() {
         // Every draft accepted, but verifying costs a full step per token.
-        let drafted_rounds = drafted_rounds(|k| (k, 20.0 * k as f64, 50.0 * (k + 1) as f64));
+        let drafted_rounds = drafted_rounds(&mut PairCosts::default(), |k| {
+            (k, 20.0 * k as f64, 50.0 * (k + 1) as f64)
+        });
         assert_eq!(drafted_rounds, 1, "only the first, measuring round");
     }
 
     #[test]
     fn nothing_drafted_until_plain_decoding_is_measured() {
-        let c = DraftLength::new(8);
-        assert_eq!(c.choose(), 0);
-        assert_eq!(DraftLength::new(0).choose(), 0);
+        let costs = PairCosts::default();
+        assert_eq!(
+            DraftLength::new(8, &costs).choose(&costs, 0, 100),
+            Plan::PLAIN
+        );
+        assert_eq!(
+            DraftLength::new(0, &costs).choose(&costs, 0, 100),
+            Plan::PLAIN
+        );
+    }
+
+    #[test]
+    fn a_new_sequence_starts_from_the_pair_s_acceptance() {
+        let mut costs = PairCosts::default();
+        drafted_rounds(&mut costs, never_right);
+        let next = DraftLength::new(8, &costs);
+        assert_eq!(
+            next.choose(&costs, 0, 100),
+            Plan::PLAIN,
+            "no measuring round"
+        );
+
+        let mut costs = PairCosts::default();
+        drafted_rounds(&mut costs, |k| (k, 2.0 * k as f64, 50.0 + k as f64));
+        assert!(DraftLength::new(8, &costs).choose(&costs, 0, 100).draft >= 4);
+    }
+
+    #[test]
+    fn a_catch_up_the_remaining_tokens_cannot_repay_is_cut_short() {
+        let mut costs = PairCosts::default();
+        drafted_rounds(&mut costs, |k| (k, 2.0 * k as f64, 50.0 + k as f64));
+        // A prompt of 100 tokens took the drafter a second: 10 ms a token. Drafting 8 tokens,
+        // all accepted, saves about 42 ms a token against a 50 ms plain step.
+        costs.observe_drafting(100, ms(1000.0), 2, ms(4.0));
+        let c = DraftLength::new(8, &costs);
+        let plan = c.choose(&costs, 100, 1000);
+        assert_eq!(plan.catch_up, CatchUp::Full);
+        assert!(plan.draft > 0);
+        // 10 tokens left repay about 420 ms: the last 41 tokens.
+        let plan = c.choose(&costs, 100, 10);
+        assert!(plan.draft > 0);
+        assert!(
+            matches!(plan.catch_up, CatchUp::RestartOn(n) if (MIN_RESTART_CONTEXT..100).contains(&n)),
+            "{plan:?}"
+        );
+        assert_eq!(
+            c.choose(&costs, 100, 5),
+            Plan::PLAIN,
+            "too few to draft from"
+        );
+        let steady = c.choose(&costs, 1, 5);
+        assert!(steady.draft > 0, "one token is a steady catch-up");
+        assert_eq!(steady.catch_up, CatchUp::Full);
+    }
+
+    #[test]
+    fn probes_continue_and_spend_a_small_share_of_plain_decoding_on_catching_up() {
+        // A drafter that is never right, so speculation is off, catching up at `per_token`
+        // milliseconds a token, against 50 ms plain steps.
+        for per_token in [2.0, 10.0, 40.0] {
+            let mut costs = PairCosts::default();
+            let mut c = DraftLength::new(8, &costs);
+            costs.observe_drafting(100, ms(100.0 * per_token), 0, Duration::ZERO);
+            let (mut unseen, mut probes, mut catching_up, mut plain) = (0, 0, 0.0, 0.0);
+            for _ in 0..2000 {
+                let plan = c.choose(&costs, unseen, 1000);
+                if plan.draft > 0 {
+                    probes += 1;
+                    let caught_up = match plan.catch_up {
+                        CatchUp::Full => unseen,
+                        CatchUp::RestartOn(n) => n,
+                    };
+                    catching_up += per_token * caught_up as f64;
+                    unseen = 0;
+                } else {
+                    unseen += 1;
+                    plain += 50.0;
+                }
+                let (accepted, draft, verify) = never_right(plan.draft);
+                run_round(&mut c, &mut costs, (plan.draft, accepted, draft, verify));
+            }
+            assert!(probes >= 4, "{probes} probes at {per_token} ms a token");
+            assert!(
+                catching_up <= PROBE_SHARE * plain,
+                "{catching_up} ms catching up in {plain} ms of plain steps"
+            );
+        }
     }
 
     #[test]
     fn verify_cost_is_interpolated_and_extrapolated() {
-        let mut c = DraftLength::new(8);
-        c.observe(0, 0, Duration::ZERO, ms(50.0));
-        c.observe(4, 4, ms(8.0), ms(70.0));
+        let mut costs = PairCosts::default();
+        costs.observe_verify(0, ms(50.0));
+        costs.observe_verify(4, ms(70.0));
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        assert!(close(c.verify_seconds(2), 0.060));
-        assert!(close(c.verify_seconds(8), 0.090));
+        assert!(close(costs.verify_seconds(2), 0.060));
+        assert!(close(costs.verify_seconds(8), 0.090));
     }
 }

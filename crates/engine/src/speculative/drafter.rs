@@ -103,13 +103,20 @@ pub trait Drafter {
     fn start(&mut self, params: &SamplingParams) -> Result<(), Error>;
 
     /// Brings whatever state the drafter keeps up to date with `input.tokens` except the last
-    /// one; called before every [`propose`](Self::propose) and timed apart from it. After a
-    /// new prompt, or plain steps with speculation off, this is a prefill paid once: counted
-    /// as drafting cost it would make every drafted token look expensive, just when the engine
-    /// decides whether drafting pays. Between drafting rounds it is part of their price.
+    /// one; called before every [`propose`](Self::propose) and timed apart from it. Between
+    /// drafting rounds it feeds a round's last token, part of the price of drafting. After a
+    /// new prompt, or plain steps with speculation off, it is a prefill: the engine prices it
+    /// per token and drafts only when what drafting saves can repay it.
     fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
         let _ = input;
         Ok(())
+    }
+
+    /// How many tokens [`catch_up`](Self::catch_up) would feed for `input`: the price of
+    /// drafting now beyond the proposal itself, which the draft-length control weighs.
+    fn unseen(&self, input: &DraftInput<'_>) -> usize {
+        let _ = input;
+        0
     }
 
     /// Proposes up to `max` tokens to follow `input.tokens` into `draft`, which comes empty.
@@ -156,6 +163,14 @@ impl<B: Backend> ModelDrafter<B> {
             sampler: Sampler::new(SamplingParams::default()),
         })
     }
+
+    /// What `catch_up` brings the cache to: every token but the last, when there is room to
+    /// draft after them (the same condition as in `propose`).
+    fn followed<'a>(&self, input: &DraftInput<'a>) -> Option<&'a [u32]> {
+        let tokens = input.tokens;
+        let fits = !tokens.is_empty() && tokens.len() < self.session.config().context;
+        fits.then(|| &tokens[..tokens.len() - 1])
+    }
 }
 
 impl<B: Backend> Drafter for ModelDrafter<B> {
@@ -174,12 +189,15 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
     }
 
     fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
-        let tokens = input.tokens;
-        // The same condition as `propose` having room to draft.
-        if tokens.is_empty() || tokens.len() >= self.session.config().context {
-            return Ok(());
+        match self.followed(input) {
+            Some(tokens) => self.session.follow(tokens),
+            None => Ok(()),
         }
-        self.session.follow(&tokens[..tokens.len() - 1])
+    }
+
+    fn unseen(&self, input: &DraftInput<'_>) -> usize {
+        self.followed(input)
+            .map_or(0, |tokens| self.session.unshared(tokens))
     }
 
     /// Feeds the last token (and, when `catch_up` was skipped, whatever else is new), then

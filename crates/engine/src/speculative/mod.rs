@@ -23,8 +23,8 @@
 //!
 //! Implement [`Drafter`]: `propose` gets the sequence and fills a [`Draft`] with tokens and the
 //! distribution each was drawn from ([`Draft::push_certain`] for a deterministic guess); a
-//! drafter with a cache brings it up to date in `catch_up`, which the draft-length control
-//! counts as the price of drafted tokens only between drafting rounds. A block
+//! drafter with a cache brings it up to date in `catch_up`, and says in `unseen` how many tokens
+//! that will feed, so the draft-length control can weigh a catch-up before paying it. A block
 //! drafter in the style of DFlash, which proposes a whole block in one forward pass conditioned
 //! on the target's hidden states, fits the same call: the states become a field of
 //! [`DraftInput`], filled from the verify pass (the target's forward pass would keep the rows of
@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use lucebox_backend::Backend;
 use lucebox_model::Model;
 
-pub use adaptive::{DraftLength, MAX_DRAFT};
+pub use adaptive::{CatchUp, DraftLength, MAX_DRAFT, PairCosts, Plan};
 pub use drafter::{Draft, DraftInput, Drafter, ModelDrafter, NgramDrafter};
 pub use stats::SpecStats;
 
@@ -74,7 +74,10 @@ pub struct Speculator<B: Backend> {
     drafter: Box<dyn Drafter + Send>,
     policy: DraftPolicy,
     draft: Draft,
-    /// The sequence as the drafter sees it: the target's tokens and the pending one.
+    /// What drafting and verifying cost, kept across requests.
+    costs: PairCosts,
+    /// The target's tokens and the pending one; the drafter sees them from its plan's
+    /// `view_from` on.
     sequence: Vec<u32>,
     /// The tokens of one verify pass: the pending token and the draft.
     verify: Vec<u32>,
@@ -122,6 +125,7 @@ impl<B: Backend> Speculator<B> {
             drafter,
             policy,
             draft: Draft::default(),
+            costs: PairCosts::default(),
             sequence: Vec::with_capacity(context),
             verify: Vec::with_capacity(longest + 1),
             dense: vec![0.0; vocab],
@@ -136,6 +140,11 @@ impl<B: Backend> Speculator<B> {
     /// The target session's configuration.
     pub fn config(&self) -> SessionConfig {
         self.target.config()
+    }
+
+    /// What drafting and verifying have cost so far, and the acceptance seen.
+    pub fn costs(&self) -> &PairCosts {
+        &self.costs
     }
 
     /// The tokens the target's KV cache holds.
@@ -170,7 +179,7 @@ impl<B: Backend> Speculator<B> {
         let reused = self.target.feed_reusing(prompt)?;
         let mut pending = self.target.sample(sampler)?;
         out.prefill_done(reused);
-        let mut control = DraftLength::new(self.policy.longest());
+        let mut drafting = SequenceDrafting::new(self.policy, &self.costs);
         if !out.push(pending) {
             return Ok((out.finish(), spec));
         }
@@ -179,14 +188,20 @@ impl<B: Backend> Speculator<B> {
             if room == 0 {
                 return Ok((out.stop(StopReason::ContextFull), spec));
             }
-            let wanted = match self.policy {
-                DraftPolicy::Fixed(k) => k,
-                DraftPolicy::Adaptive(_) => control.choose(),
-            };
+            self.sequence.clear();
+            self.sequence.extend_from_slice(self.target.tokens());
+            self.sequence.push(pending);
+            let plan = drafting.plan(
+                &*self.drafter,
+                self.policy,
+                &self.costs,
+                &self.sequence,
+                out.remaining(),
+            );
             // Nothing is drafted beyond what may still be generated or fit in the context.
-            let k = wanted.min(out.remaining() - 1).min(room - 1);
-            let round = self.round(pending, k, sampler)?;
-            round.record(k, &mut spec, &mut control);
+            let k = plan.wanted.min(out.remaining() - 1).min(room - 1);
+            let round = self.round(pending, k, &plan, sampler)?;
+            round.record(k, &mut spec, &mut drafting.control, &mut self.costs);
             let accepted = self.draft.tokens()[..round.accepted].iter().copied();
             if !accepted.chain([round.next]).all(|token| out.push(token)) {
                 return Ok((out.finish(), spec));
@@ -195,17 +210,19 @@ impl<B: Backend> Speculator<B> {
         }
     }
 
-    /// One round: drafts up to `k` tokens after `pending`, verifies them with the target and
-    /// drops the rejected ones from its cache.
-    fn round(&mut self, pending: u32, k: usize, sampler: &mut Sampler) -> Result<Round, Error> {
+    /// One round: has the drafter draft up to `k` tokens after `pending` from its view of
+    /// `self.sequence` as `plan` says, verifies them with the target and drops the rejected
+    /// ones from its cache.
+    fn round(
+        &mut self,
+        pending: u32,
+        k: usize,
+        plan: &RoundPlan,
+        sampler: &mut Sampler,
+    ) -> Result<Round, Error> {
         let recorded = self.target.model().backend().passes_recorded();
-        // A plain step (k = 0) asks the drafter nothing: the sequence is not copied for it.
-        if k > 0 {
-            self.sequence.clear();
-            self.sequence.extend_from_slice(self.target.tokens());
-            self.sequence.push(pending);
-        }
-        let timing = run_drafter(&mut *self.drafter, &self.sequence, k, &mut self.draft)?;
+        let view = &self.sequence[plan.view_from..];
+        let timing = run_drafter(&mut *self.drafter, view, plan.unseen, k, &mut self.draft)?;
 
         let verify_started = Instant::now();
         let drafted = self.draft.len();
@@ -233,21 +250,83 @@ impl<B: Backend> Speculator<B> {
     }
 }
 
+/// One sequence's side of speculation: its draft-length control, and where the drafter's view
+/// of the sequence starts (past 0 once the drafter was restarted on the last tokens only).
+#[derive(Clone, Debug)]
+pub(crate) struct SequenceDrafting {
+    pub control: DraftLength,
+    view_from: usize,
+}
+
+/// A sequence's next round, as planned.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RoundPlan {
+    /// The draft length wanted, before the limits of what may still be generated or fit.
+    pub wanted: usize,
+    /// Where the tokens the drafter sees start in the sequence.
+    pub view_from: usize,
+    /// How many of those the drafter has not seen ([`Drafter::unseen`]).
+    pub unseen: usize,
+}
+
+impl SequenceDrafting {
+    /// A new sequence, speculating with `policy` on a pair that measured `costs` so far.
+    pub(crate) fn new(policy: DraftPolicy, costs: &PairCosts) -> Self {
+        Self {
+            control: DraftLength::new(policy.longest(), costs),
+            view_from: 0,
+        }
+    }
+
+    /// Plans the next round for `tokens` (the sequence and its pending token), which may grow
+    /// by up to `remaining` more.
+    pub(crate) fn plan(
+        &mut self,
+        drafter: &dyn Drafter,
+        policy: DraftPolicy,
+        costs: &PairCosts,
+        tokens: &[u32],
+        remaining: usize,
+    ) -> RoundPlan {
+        let unseen_from = |from: usize| drafter.unseen(&DraftInput::new(&tokens[from..]));
+        let unseen = unseen_from(self.view_from);
+        let plan = match policy {
+            DraftPolicy::Fixed(k) => Plan::draft(k),
+            DraftPolicy::Adaptive(_) => self.control.choose(costs, unseen, remaining),
+        };
+        let unseen = match plan.catch_up {
+            CatchUp::Full => unseen,
+            CatchUp::RestartOn(last) => {
+                self.view_from = tokens.len().saturating_sub(last);
+                unseen_from(self.view_from)
+            }
+        };
+        RoundPlan {
+            wanted: plan.draft,
+            view_from: self.view_from,
+            unseen,
+        }
+    }
+}
+
 /// Where a round's drafting time went.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct DraftTiming {
-    /// [`Drafter::catch_up`]: a prefill paid once after a prompt or plain steps, a round's
-    /// last tokens between drafting rounds.
+    /// The tokens [`Drafter::catch_up`] fed: a prefill after a prompt or plain steps, a
+    /// round's last token between drafting rounds.
+    pub caught_up: usize,
     pub catch_up: Duration,
     /// [`Drafter::propose`]: the steady cost of drafting.
     pub propose: Duration,
 }
 
-/// Has `drafter` propose up to `k` tokens to follow `tokens` into `draft` (emptied first; left
-/// empty when `k` is 0), timing its catch-up and its proposal apart.
+/// Has `drafter`, `unseen` tokens behind `tokens` ([`Drafter::unseen`]), propose up to `k`
+/// tokens to follow them into `draft` (emptied first; left empty when `k` is 0), timing its
+/// catch-up and its proposal apart.
 pub(crate) fn run_drafter(
     drafter: &mut dyn Drafter,
     tokens: &[u32],
+    unseen: usize,
     k: usize,
     draft: &mut Draft,
 ) -> Result<DraftTiming, Error> {
@@ -262,6 +341,7 @@ pub(crate) fn run_drafter(
     drafter.propose(&input, k, draft)?;
     draft.truncate(k);
     Ok(DraftTiming {
+        caught_up: unseen,
         catch_up: caught_up - started,
         propose: caught_up.elapsed(),
     })
@@ -342,30 +422,29 @@ pub(crate) struct Round {
 }
 
 impl Round {
-    /// Counts this round, which asked for `k` drafted tokens, in `spec` and `control`. The
-    /// statistics count all the time spent drafting; the control the steady cost only: the
-    /// catch-up after a drafting round (the last drafted token, when all were accepted) but
-    /// not the one after a new prompt or plain steps; and none of a round that recorded a pass.
-    pub(crate) fn record(&self, k: usize, spec: &mut SpecStats, control: &mut DraftLength) {
+    /// Counts this round, which asked for `k` drafted tokens, in the sequence's `spec` and
+    /// `control` and in the pair's `costs`. The statistics count all the time spent drafting;
+    /// the costs price a catch-up beyond a round's last token per token, apart from drafting,
+    /// and take nothing from a round that recorded a pass (a one-off cost).
+    pub(crate) fn record(
+        &self,
+        k: usize,
+        spec: &mut SpecStats,
+        control: &mut DraftLength,
+        costs: &mut PairCosts,
+    ) {
         spec.record_round(self.drafted, self.accepted);
         spec.draft_time += self.drafting.catch_up + self.drafting.propose;
         spec.verify_time += self.verify_time;
-        let steady_catch_up = if control.drafted_last_round() {
-            self.drafting.catch_up
-        } else {
-            Duration::ZERO
-        };
-        if self.drafted == 0 && k > 0 {
-            control.observe_empty_draft((!self.recorded_a_pass).then_some(self.verify_time));
-        } else if self.recorded_a_pass {
-            control.observe_untimed(self.drafted, self.accepted);
-        } else {
-            control.observe(
-                self.drafted,
-                self.accepted,
-                steady_catch_up + self.drafting.propose,
-                self.verify_time,
-            );
+        if !self.recorded_a_pass {
+            costs.observe_verify(self.drafted, self.verify_time);
+            let d = &self.drafting;
+            costs.observe_drafting(d.caught_up, d.catch_up, self.drafted, d.propose);
+        }
+        // A drafter with nothing to propose (n-gram lookup without a match) made a plain step
+        // that says nothing of acceptance, nor of the probe schedule.
+        if self.drafted > 0 || k == 0 {
+            control.observe(costs, self.drafted, self.accepted);
         }
     }
 }
@@ -374,12 +453,14 @@ impl Round {
 mod tests {
     use super::*;
 
-    fn round(catch_up: u64, propose: u64) -> Round {
+    /// A round that drafted two tokens, both accepted, after catching up on `caught_up`.
+    fn round(caught_up: usize, catch_up: u64, propose: u64) -> Round {
         Round {
             drafted: 2,
             accepted: 2,
             next: 0,
             drafting: DraftTiming {
+                caught_up,
                 catch_up: Duration::from_millis(catch_up),
                 propose: Duration::from_millis(propose),
             },
@@ -388,56 +469,144 @@ mod tests {
         }
     }
 
-    /// A control that has measured a 10 ms plain step, and empty statistics.
-    fn after_a_plain_step() -> (DraftLength, SpecStats) {
-        let mut control = DraftLength::new(4);
-        control.observe(0, 0, Duration::ZERO, Duration::from_millis(10));
-        (control, SpecStats::default())
+    /// Pair costs that have measured a 10 ms plain step, a sequence's control and statistics.
+    fn after_a_plain_step() -> (DraftLength, PairCosts, SpecStats) {
+        let mut costs = PairCosts::default();
+        let mut control = DraftLength::new(4, &costs);
+        let plain = Round {
+            drafted: 0,
+            accepted: 0,
+            verify_time: Duration::from_millis(10),
+            ..round(0, 0, 0)
+        };
+        let mut spec = SpecStats::default();
+        plain.record(0, &mut spec, &mut control, &mut costs);
+        (control, costs, SpecStats::default())
     }
 
     #[test]
-    fn a_drafter_s_prefill_counts_in_the_statistics_but_not_as_the_price_of_drafts() {
-        let (mut control, mut spec) = after_a_plain_step();
-        // The first round after a long prompt: the drafter's prefill took a second.
-        round(1000, 12).record(2, &mut spec, &mut control);
+    fn a_drafter_s_prefill_counts_in_the_statistics_and_is_priced_per_token() {
+        let (mut control, mut costs, mut spec) = after_a_plain_step();
+        // The first round after a prompt of 500 tokens: the drafter's prefill took a second.
+        round(500, 1000, 12).record(2, &mut spec, &mut control, &mut costs);
         assert_eq!(spec.draft_time, Duration::from_millis(1012));
         assert!(
-            control.choose() > 0,
+            control.choose(&costs, 1, 100).draft > 0,
             "a cheap, accurate drafter keeps drafting"
         );
+        // Drafting four tokens gives 5 in 38 ms, saving 2.4 ms a token against plain steps:
+        // catching up on 100 tokens at 2 ms each takes 84 tokens to repay, and 20 tokens
+        // repay 24 tokens' catch-up, too few to restart the drafter on.
+        assert_eq!(control.choose(&costs, 100, 100), Plan::draft(4));
+        assert_eq!(control.choose(&costs, 100, 20), Plan::PLAIN);
+    }
+
+    /// A drafter that holds every token it caught up on, as a model drafter's cache does,
+    /// and always guesses token 0.
+    #[derive(Default)]
+    struct Following {
+        held: Vec<u32>,
+    }
+
+    impl Drafter for Following {
+        fn kind(&self) -> &'static str {
+            "following"
+        }
+
+        fn start(&mut self, _: &crate::SamplingParams) -> Result<(), Error> {
+            Ok(())
+        }
+
+        fn unseen(&self, input: &DraftInput<'_>) -> usize {
+            let followed = &input.tokens[..input.tokens.len() - 1];
+            let shared = self.held.iter().zip(followed).take_while(|(a, b)| a == b);
+            followed.len() - shared.count()
+        }
+
+        fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
+            self.held = input.tokens[..input.tokens.len() - 1].to_vec();
+            Ok(())
+        }
+
+        fn propose(
+            &mut self,
+            _: &DraftInput<'_>,
+            max: usize,
+            draft: &mut Draft,
+        ) -> Result<(), Error> {
+            (0..max).for_each(|_| draft.push_certain(0));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_drafter_restarted_on_the_last_tokens_keeps_following_from_there() {
+        let (mut control, mut costs, mut spec) = after_a_plain_step();
+        // Catching up costs 2 ms a token, and rounds of four drafts save 2.4 ms a token.
+        round(500, 1000, 12).record(2, &mut spec, &mut control, &mut costs);
+        let mut drafting = SequenceDrafting {
+            control,
+            view_from: 0,
+        };
+        let mut drafter = Following::default();
+        let mut tokens: Vec<u32> = (0..200).collect();
+        let policy = DraftPolicy::Adaptive(4);
+        // 30 tokens left repay 72 ms, 36 tokens of catch-up, not all 199.
+        let plan = drafting.plan(&drafter, policy, &costs, &tokens, 30);
+        assert_eq!(plan.wanted, 4);
+        assert!((160..=165).contains(&plan.view_from), "{plan:?}");
+        assert_eq!(plan.unseen, tokens.len() - 1 - plan.view_from);
+        let mut draft = Draft::default();
+        let view = &tokens[plan.view_from..];
+        run_drafter(&mut drafter, view, plan.unseen, 4, &mut draft).unwrap();
+        // Three more tokens: the drafter follows from where it restarted.
+        tokens.extend([7, 8, 9]);
+        let next = drafting.plan(&drafter, policy, &costs, &tokens, 27);
+        assert_eq!(next.view_from, plan.view_from);
+        assert_eq!(next.unseen, 3);
+        assert_eq!(next.wanted, 4);
     }
 
     #[test]
     fn a_drafter_s_catch_up_between_drafting_rounds_is_part_of_their_price() {
-        let (mut control, mut spec) = after_a_plain_step();
-        round(0, 12).record(2, &mut spec, &mut control);
+        let (mut control, mut costs, mut spec) = after_a_plain_step();
+        round(0, 0, 12).record(2, &mut spec, &mut control, &mut costs);
         // Plain steps take 10 ms, a drafter pass 6 ms, verifying two drafts 12 ms: rounds of
         // two drafts, both accepted, would give 3 tokens in 24 ms, but each also feeds the
         // drafter the last token it proposed, one more pass, and at 30 ms they do not pay.
         for _ in 0..50 {
-            round(6, 12).record(2, &mut spec, &mut control);
+            round(1, 6, 12).record(2, &mut spec, &mut control, &mut costs);
         }
-        assert_eq!(control.choose(), 0, "speculation turns off");
+        assert_eq!(
+            control.choose(&costs, 1, 100),
+            Plan::PLAIN,
+            "speculation turns off"
+        );
     }
+
     #[test]
     fn a_round_that_recorded_a_graph_counts_in_the_statistics_but_not_in_the_costs() {
         // Verifying two drafts took a second: as the pass was recorded, or as it runs.
         let slow = |recorded_a_pass| Round {
             verify_time: Duration::from_millis(1000),
             recorded_a_pass,
-            ..round(0, 12)
+            ..round(0, 0, 12)
         };
-        let (mut control, mut spec) = after_a_plain_step();
-        slow(true).record(2, &mut spec, &mut control);
+        let (mut control, mut costs, mut spec) = after_a_plain_step();
+        slow(true).record(2, &mut spec, &mut control, &mut costs);
         assert_eq!(spec.verify_time, Duration::from_millis(1000));
-        round(0, 12).record(2, &mut spec, &mut control);
+        round(0, 0, 12).record(2, &mut spec, &mut control, &mut costs);
         assert!(
-            control.choose() > 0,
+            control.choose(&costs, 0, 100).draft > 0,
             "the recording is not the price of drafts"
         );
-        let (mut control, mut spec) = after_a_plain_step();
-        slow(false).record(2, &mut spec, &mut control);
-        round(0, 12).record(2, &mut spec, &mut control);
-        assert_eq!(control.choose(), 0, "a slow pass that recorded nothing is");
+        let (mut control, mut costs, mut spec) = after_a_plain_step();
+        slow(false).record(2, &mut spec, &mut control, &mut costs);
+        round(0, 0, 12).record(2, &mut spec, &mut control, &mut costs);
+        assert_eq!(
+            control.choose(&costs, 0, 100),
+            Plan::PLAIN,
+            "a slow pass that recorded nothing is"
+        );
     }
 }
