@@ -47,6 +47,9 @@ const REPAY_WITHIN: usize = 256;
 /// A probe may spend at most this share of the plain decoding since the sequence's last round
 /// on catching the drafter up, so that probing stays within noise of plain decoding.
 const PROBE_SHARE: f64 = 0.05;
+/// The drafted tokens the pair's acceptance must rest on before it is a new sequence's
+/// prior: one rejected token would otherwise turn speculation off for every sequence after it.
+const MIN_PRIOR_OUTCOMES: u32 = 16;
 /// The fewest tokens a drafter restarts on: with less context its guesses say little about
 /// the acceptance it would reach.
 const MIN_RESTART_CONTEXT: usize = 32;
@@ -106,8 +109,11 @@ impl Average {
 /// sequences that speculate with it, and the acceptance they saw in the long run.
 #[derive(Clone, Debug, Default)]
 pub struct PairCosts {
-    /// The chance that a drafted token is accepted, over all sequences: a new sequence's prior.
+    /// The chance that a drafted token is accepted, over all sequences: a new sequence's prior
+    /// once it rests on [`MIN_PRIOR_OUTCOMES`] drafted tokens.
     acceptance: Average,
+    /// Drafted tokens whose outcome `acceptance` has seen.
+    outcomes: u32,
     /// Seconds the drafter spends per proposed token, steady catch-ups included.
     draft: Average,
     /// Seconds the drafter spends per token when it catches up on more than a steady round's.
@@ -246,9 +252,14 @@ impl DraftLength {
     /// A controller that drafts at most `max` tokens (capped at [`MAX_DRAFT`]), expecting the
     /// acceptance the pair has shown so far.
     pub fn new(max: usize, costs: &PairCosts) -> Self {
+        let known = costs.outcomes >= MIN_PRIOR_OUTCOMES;
         Self {
             max: max.min(MAX_DRAFT),
-            acceptance: costs.acceptance,
+            acceptance: if known {
+                costs.acceptance
+            } else {
+                Average::default()
+            },
             plain_steps: 0,
             probe_after: FIRST_PROBE_AFTER,
         }
@@ -326,6 +337,7 @@ impl DraftLength {
         for outcome in outcomes {
             self.acceptance.observe(outcome);
             costs.acceptance.observe(outcome);
+            costs.outcomes = costs.outcomes.saturating_add(1);
         }
         if self.plain_steps >= self.probe_after {
             // That was a probe: if speculation stays off, wait longer before the next one.
@@ -443,9 +455,26 @@ mod tests {
     }
 
     #[test]
+    fn one_rejected_token_is_no_prior_for_the_next_sequence() {
+        let mut costs = PairCosts::default();
+        let mut c = DraftLength::new(8, &costs);
+        run_round(&mut c, &mut costs, (0, 0, 0.0, 50.0));
+        run_round(&mut c, &mut costs, (2, 0, 4.0, 52.0));
+        assert_eq!(c.choose(&costs, 0, 100), Plan::PLAIN);
+        let next = DraftLength::new(8, &costs);
+        assert_eq!(
+            next.choose(&costs, 0, 100),
+            Plan::draft(PROBE_DRAFT),
+            "it measures"
+        );
+    }
+
+    #[test]
     fn a_new_sequence_starts_from_the_pair_s_acceptance() {
         let mut costs = PairCosts::default();
-        drafted_rounds(&mut costs, never_right);
+        while costs.outcomes < MIN_PRIOR_OUTCOMES {
+            drafted_rounds(&mut costs, never_right);
+        }
         let next = DraftLength::new(8, &costs);
         assert_eq!(
             next.choose(&costs, 0, 100),
