@@ -31,8 +31,8 @@ const SMOOTHING: f64 = 0.15;
 /// A draft length must promise this much more than plain decoding to be used: estimates are
 /// noisy, and speculating for no gain only adds risk.
 const REQUIRED_GAIN: f64 = 1.03;
-/// Plain steps between probes when speculation is off, at first and at most; the interval
-/// doubles after each probe that does not turn speculation back on.
+/// Plain steps between probes when speculation is off, after a first probe and at most; the
+/// interval doubles after each probe that does not turn speculation back on.
 const FIRST_PROBE_AFTER: u32 = 8;
 const LONGEST_PROBE_AFTER: u32 = 256;
 /// The draft length of the first speculative round and of probe rounds.
@@ -101,7 +101,12 @@ struct Average(Option<f64>);
 
 impl Average {
     fn observe(&mut self, x: f64) {
-        self.0 = Some(self.0.map_or(x, |m| m + SMOOTHING * (x - m)));
+        self.observe_weighing(x, SMOOTHING);
+    }
+
+    /// Moves the average `weight` of the way to `x`.
+    fn observe_weighing(&mut self, x: f64, weight: f64) {
+        self.0 = Some(self.0.map_or(x, |m| m + weight * (x - m)));
     }
 }
 
@@ -242,15 +247,21 @@ impl fmt::Display for PairCosts {
 #[derive(Clone, Debug)]
 pub struct DraftLength {
     max: usize,
-    /// The chance that a drafted token is accepted, given the ones before it were.
+    /// The chance that a drafted token is accepted, given the ones before it were: the mean
+    /// of this sequence's outcomes and the pair's prior, counted as one, until each new one
+    /// would weigh less than an exponential moving average's step.
     acceptance: Average,
+    /// The outcomes `acceptance` rests on, the prior included.
+    outcomes: u32,
     plain_steps: u32,
     probe_after: u32,
 }
 
 impl DraftLength {
     /// A controller that drafts at most `max` tokens (capped at [`MAX_DRAFT`]), expecting the
-    /// acceptance the pair has shown so far.
+    /// acceptance the pair has shown so far. Acceptance belongs to the text, so a sequence
+    /// whose prior keeps speculation off probes at once where a probe is affordable (a
+    /// drafter with nothing to catch up on).
     pub fn new(max: usize, costs: &PairCosts) -> Self {
         let known = costs.outcomes >= MIN_PRIOR_OUTCOMES;
         Self {
@@ -260,8 +271,9 @@ impl DraftLength {
             } else {
                 Average::default()
             },
+            outcomes: u32::from(known),
             plain_steps: 0,
-            probe_after: FIRST_PROBE_AFTER,
+            probe_after: 0,
         }
     }
 
@@ -335,7 +347,9 @@ impl DraftLength {
         let outcomes =
             std::iter::repeat_n(1.0, accepted).chain((accepted < drafted).then_some(0.0));
         for outcome in outcomes {
-            self.acceptance.observe(outcome);
+            self.outcomes = self.outcomes.saturating_add(1);
+            let weight = (1.0 / f64::from(self.outcomes)).max(SMOOTHING);
+            self.acceptance.observe_weighing(outcome, weight);
             costs.acceptance.observe(outcome);
             costs.outcomes = costs.outcomes.saturating_add(1);
         }
@@ -343,7 +357,7 @@ impl DraftLength {
             // That was a probe: if speculation stays off, wait longer before the next one.
             let still_off = matches!(self.verdict(costs), Verdict::Plain { .. });
             self.probe_after = if still_off {
-                (self.probe_after * 2).min(LONGEST_PROBE_AFTER)
+                (self.probe_after * 2).clamp(FIRST_PROBE_AFTER, LONGEST_PROBE_AFTER)
             } else {
                 FIRST_PROBE_AFTER
             };
@@ -475,12 +489,16 @@ mod tests {
         while costs.outcomes < MIN_PRIOR_OUTCOMES {
             drafted_rounds(&mut costs, never_right);
         }
-        let next = DraftLength::new(8, &costs);
-        assert_eq!(
-            next.choose(&costs, 0, 100),
-            Plan::PLAIN,
-            "no measuring round"
-        );
+        // Speculation starts off; a probe that costs no catch-up runs at once, as this
+        // sequence's text may suit the drafter better, and when it fails the next waits.
+        let mut next = DraftLength::new(8, &costs);
+        assert_eq!(next.choose(&costs, 0, 100), Plan::draft(PROBE_DRAFT));
+        run_round(&mut next, &mut costs, (PROBE_DRAFT, 0, 40.0, 60.0));
+        assert_eq!(next.choose(&costs, 0, 100), Plan::PLAIN);
+        // A drafter far behind, at 10 ms a token, waits too.
+        costs.observe_drafting(100, ms(1000.0), 0, Duration::ZERO);
+        let far_behind = DraftLength::new(8, &costs);
+        assert_eq!(far_behind.choose(&costs, 100, 100), Plan::PLAIN);
 
         let mut costs = PairCosts::default();
         drafted_rounds(&mut costs, |k| (k, 2.0 * k as f64, 50.0 + k as f64));
@@ -547,6 +565,24 @@ mod tests {
                 "{catching_up} ms catching up in {plain} ms of plain steps"
             );
         }
+    }
+
+    #[test]
+    fn a_sequence_s_own_outcomes_soon_outweigh_the_pair_s() {
+        // The pair's drafts were rarely accepted; this sequence's all are.
+        let mut costs = PairCosts::default();
+        let mut c = DraftLength::new(8, &costs);
+        run_round(&mut c, &mut costs, (0, 0, 0.0, 50.0));
+        for _ in 0..20 {
+            run_round(&mut c, &mut costs, (2, 0, 2.0, 52.0));
+        }
+        let mut text = DraftLength::new(8, &costs);
+        assert_eq!(text.choose(&costs, 0, 100), Plan::draft(PROBE_DRAFT));
+        run_round(&mut text, &mut costs, (PROBE_DRAFT, PROBE_DRAFT, 4.0, 52.0));
+        assert!(
+            text.choose(&costs, 0, 100).draft > PROBE_DRAFT,
+            "one good probe turns it on"
+        );
     }
 
     #[test]
