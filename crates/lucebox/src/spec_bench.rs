@@ -5,9 +5,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use lucebox_engine::speculative::{
-    Drafter, MAX_DRAFT, ModelDrafter, NgramDrafter, SpecStats, Speculator,
-};
+use lucebox_engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator};
 use lucebox_engine::{Generator, Sampler, SamplingParams, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
@@ -149,9 +147,9 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
     if args.json {
         let costs: serde_json::Map<_, _> = speculating()
             .map(|(mode, costs)| {
-                let passes: serde_json::Map<_, _> = (0..=MAX_DRAFT)
-                    .filter_map(|k| Some(((k + 1).to_string(), costs.verify_pass_seconds(k)?)))
-                    .map(|(tokens, s)| (tokens, serde_json::json!(s * 1e3)))
+                let passes: serde_json::Map<_, _> = costs
+                    .measured_passes()
+                    .map(|(tokens, s)| (tokens.to_string(), serde_json::json!(s * 1e3)))
                     .collect();
                 let measured = serde_json::json!({
                     "acceptance": costs.acceptance(),

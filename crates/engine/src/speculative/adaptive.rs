@@ -143,9 +143,12 @@ impl PairCosts {
         self.catch_up.0
     }
 
-    /// The measured seconds of a target pass verifying `k` drafted tokens (0: a plain step).
-    pub fn verify_pass_seconds(&self, k: usize) -> Option<f64> {
-        self.verify.get(k)?.0
+    /// The measured target passes: tokens in the pass (1: a plain step) and their seconds.
+    pub fn measured_passes(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.verify
+            .iter()
+            .enumerate()
+            .filter_map(|(drafted, seconds)| Some((drafted + 1, seconds.0?)))
     }
 
     /// Records the time of a target pass that verified `drafted` tokens (0: a plain step).
@@ -235,8 +238,7 @@ impl fmt::Display for PairCosts {
             ms(self.draft.0),
             ms(self.catch_up.0)
         )?;
-        let passes = (0..=MAX_DRAFT).filter_map(|k| Some((k + 1, self.verify[k].0?)));
-        for (tokens, seconds) in passes {
+        for (tokens, seconds) in self.measured_passes() {
             write!(f, " {tokens}: {}", ms(Some(seconds)))?;
         }
         Ok(())
