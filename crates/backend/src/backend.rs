@@ -242,6 +242,14 @@ pub trait Backend: Send + Sync + 'static {
         0
     }
 
+    /// Returns once every operation issued so far has run. A device backend queues its work
+    /// and returns at once; reading a result waits for it. Callers that time work whose
+    /// results they do not read (a drafter catching up) wait here, so that its time is not
+    /// counted in whatever reads a result next. The CPU backend runs its work as it is issued.
+    fn synchronize(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// `out[t] = table[token t]` for every token of the batch.
     fn embed(
         &self,

@@ -90,6 +90,10 @@ impl Runtime for Cuda {
             .map_err(|e| e.to_string())
     }
 
+    fn synchronize(&self) -> Result<(), String> {
+        self.stream.synchronize().map_err(|e| e.to_string())
+    }
+
     unsafe fn launch(
         &self,
         function: &CudaFunction,

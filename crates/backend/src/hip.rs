@@ -256,6 +256,11 @@ impl Runtime for Hip {
         check(unsafe { hipStreamSynchronize(self.stream) })
     }
 
+    fn synchronize(&self) -> Result<(), String> {
+        // SAFETY: a live stream.
+        check(unsafe { hipStreamSynchronize(self.stream) })
+    }
+
     unsafe fn launch(
         &self,
         function: &HipFunction,

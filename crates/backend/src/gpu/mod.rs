@@ -966,6 +966,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.passes_recorded.load(Ordering::Relaxed)
     }
 
+    fn synchronize(&self) -> Result<(), Error> {
+        self.runtime
+            .synchronize()
+            .map_err(device_error::<R>("synchronize"))
+    }
+
     fn embed(
         &self,
         table: &GpuMatrix<R>,

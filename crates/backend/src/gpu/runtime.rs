@@ -29,6 +29,8 @@ pub trait Runtime: Send + Sync + Sized + sealed::Sealed + 'static {
     fn upload(&self, dst: &mut Self::Buffer, src: &[u8]) -> Result<(), String>;
     /// Copies the start of `src` to `dst` once the work queued before has run.
     fn download(&self, src: &Self::Buffer, dst: &mut [u8]) -> Result<(), String>;
+    /// Returns once the work queued so far has run.
+    fn synchronize(&self) -> Result<(), String>;
     /// Queues `function` over `grid` blocks of `block` threads. With `overlap`, where the
     /// device can, the kernel may start before the one queued before it has finished: every
     /// kernel waits for its predecessor before touching what it wrote (kernels/portable.cuh).

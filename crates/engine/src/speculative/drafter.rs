@@ -103,10 +103,11 @@ pub trait Drafter {
     fn start(&mut self, params: &SamplingParams) -> Result<(), Error>;
 
     /// Brings whatever state the drafter keeps up to date with `input.tokens` except the last
-    /// one; called before every [`propose`](Self::propose) and timed apart from it. Between
-    /// drafting rounds it feeds a round's last token, part of the price of drafting. After a
-    /// new prompt, or plain steps with speculation off, it is a prefill: the engine prices it
-    /// per token and drafts only when what drafting saves can repay it.
+    /// one; called before every [`propose`](Self::propose) and timed apart from it, so it
+    /// returns once that work has run (a drafter on a device waits for it). Between drafting
+    /// rounds it feeds a round's last token, part of the price of drafting. After a new
+    /// prompt, or plain steps with speculation off, it is a prefill: the engine prices it per
+    /// token and drafts only when what drafting saves can repay it.
     fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
         let _ = input;
         Ok(())
@@ -189,10 +190,13 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
     }
 
     fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
-        match self.followed(input) {
-            Some(tokens) => self.session.follow(tokens),
-            None => Ok(()),
+        if let Some(tokens) = self.followed(input) {
+            self.session.follow(tokens)?;
+            // Nothing reads the catch-up's result: without the wait, a device would still be
+            // running it when `propose` starts, and its time would count as drafting.
+            self.session.model().backend().synchronize()?;
         }
+        Ok(())
     }
 
     fn unseen(&self, input: &DraftInput<'_>) -> usize {
