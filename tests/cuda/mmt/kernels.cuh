@@ -60,6 +60,9 @@ static __device__ __forceinline__ float half_of(unsigned w, bool high) {
 #define MMT2_STAGE_BYTES (MMT2_SCALES + MMT_TOKENS * MMT2_S_STRIDE)
 #define MMT2_SMEM (MMT2_STAGES * MMT2_STAGE_BYTES)
 
+// The stages of the streaming kernels (dynamic shared memory, sized at launch).
+extern __shared__ __align__(16) uint8_t smem[];
+
 static __device__ __forceinline__ void copy16_async(uint8_t *to, const void *from) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
                      (unsigned)__cvta_generic_to_shared(to)),
@@ -120,142 +123,81 @@ static __device__ __forceinline__ void stage_activations(uint8_t *stage, const s
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
-    mmt2_q4_k(const uint8_t *w, int rows, unsigned long long row_bytes, int cols, int ksplit,
-              const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
-              const float *x_sums, int tokens, float *out, float *partials,
-              unsigned *counters) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ bool last;
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int group = lane / 4, t = lane % 4;
-    const int row_blocks = (rows + MMT2_ROWS - 1) / MMT2_ROWS;
-    const int row_block = blockIdx.x % row_blocks, range = blockIdx.x / row_blocks;
-    const int row0 = row_block * MMT2_ROWS, t0 = blockIdx.y * MMT_TOKENS;
-    const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
-    const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
-    const int n = last_blk > first ? (int)(last_blk - first) : 0;
-    START_NEXT_KERNEL();
+// The integer products of sub-block `sub` of a staged super-block (pa, pb: this lane's bytes
+// of its chunk of nibbles in rows `group` and group + 8) with each part of activation row
+// `group`, in the mma's layout: ch, cl hold rows group and group + 8 times activation rows 2t
+// and 2t + 1.
+static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, uint2 pa,
+                                                          uint2 pb, unsigned sub, int group,
+                                                          int t, int ch[4], int cl[4]) {
+    const unsigned shift = 4 * (sub % 2);
+    const int a[4] = {(int)((pa.x >> shift) & 0x0F0F0F0F), (int)((pb.x >> shift) & 0x0F0F0F0F),
+                      (int)((pa.y >> shift) & 0x0F0F0F0F), (int)((pb.y >> shift) & 0x0F0F0F0F)};
+    const uint8_t *x = stage + MMT2_X_HI + group * MMT2_X_STRIDE + 32 * sub + 8 * t;
+    const int2 xh = *(const int2 *)x;
+    const int2 xl = *(const int2 *)(x + MMT2_X_LO - MMT2_X_HI);
+    mma_k32(ch, a, xh.x, xh.y);
+    mma_k32(cl, a, xl.x, xl.y);
+}
+
+// The rows of this lane in a staged super-block, rows `group` and group + 8 of the warp's 16:
+// for each sub-block, `use(sub, ch, cl, sc_a, m_a, sc_b, m_b, d)` with its integer products
+// (sub_block_products), the two rows' 6-bit scales and minimums, and their (d, dmin, d, dmin),
+// which it also returns.
+template <typename Use>
+static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage, int warp,
+                                                           int group, int t, Use use) {
+    const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT2_W_STRIDE;
+    const uint8_t *rb = ra + 8 * MMT2_W_STRIDE;
+    const uint4 head_a = *(const uint4 *)ra, head_b = *(const uint4 *)rb;
+    const unsigned qa[3] = {head_a.y, head_a.z, head_a.w};
+    const unsigned qb[3] = {head_b.y, head_b.z, head_b.w};
+    const float4 d = make_float4(half_of(head_a.x, false), half_of(head_a.x, true),
+                                 half_of(head_b.x, false), half_of(head_b.x, true));
 #pragma unroll
-    for (int i = 0; i < MMT2_STAGES - 1; i++) {
-        if (i < n) {
-            stage_q4_k_weights(smem + i * MMT2_STAGE_BYTES, w, row0, rows, row_bytes, first + i);
+    for (unsigned chunk = 0; chunk < 4; chunk++) {
+        const uint2 pa = *(const uint2 *)(ra + 16 + 32 * chunk + 8 * t);
+        const uint2 pb = *(const uint2 *)(rb + 16 + 32 * chunk + 8 * t);
+#pragma unroll
+        for (unsigned high = 0; high < 2; high++) {
+            const unsigned sub = 2 * chunk + high;
+            int ch[4], cl[4];
+            sub_block_products(stage, pa, pb, sub, group, t, ch, cl);
+            int sc_a, m_a, sc_b, m_b;
+            scale_min_k4_words(qa, sub, &sc_a, &m_a);
+            scale_min_k4_words(qb, sub, &sc_b, &m_b);
+            use(sub, ch, cl, sc_a, m_a, sc_b, m_b, d);
         }
     }
-    WAIT_FOR_PREVIOUS_KERNEL();
-#pragma unroll
-    for (int i = 0; i < MMT2_STAGES - 1; i++) {
-        if (i < n) {
-            stage_activations(smem + i * MMT2_STAGE_BYTES, x_hi, x_lo, x_scales, x_sums, cols, t0,
-                              tokens, first + i);
-        }
-        commit_copies();
-    }
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    return d;
+}
+
+// Adds a staged super-block's products to this lane's four outputs (rows `group` and group + 8
+// of the warp's 16, times activation rows 2t and 2t + 1 of the tile), for activations in
+// groups of 32: each sub-block's integer sums are scaled in float.
+static __device__ __forceinline__ void q4_k_superblock_32(const uint8_t *stage, int warp,
+                                                          int group, int t, float acc[4]) {
     const int got0 = 2 * t, got1 = got0 + 1;
-#pragma unroll 1
-    for (int i = 0; i < n; i++) {
-        wait_copies<MMT2_STAGES - 2>();
-        __syncthreads();
-        const int next = i + MMT2_STAGES - 1;
-        if (next < n) {
-            uint8_t *stage = smem + (next % MMT2_STAGES) * MMT2_STAGE_BYTES;
-            stage_q4_k_weights(stage, w, row0, rows, row_bytes, first + next);
-            stage_activations(stage, x_hi, x_lo, x_scales, x_sums, cols, t0, tokens,
-                              first + next);
-        }
-        commit_copies();
-        const uint8_t *stage = smem + (i % MMT2_STAGES) * MMT2_STAGE_BYTES;
-        const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT2_W_STRIDE;
-        const uint8_t *rb = ra + 8 * MMT2_W_STRIDE;
-        const uint4 head_a = *(const uint4 *)ra, head_b = *(const uint4 *)rb;
-        const unsigned qa[3] = {head_a.y, head_a.z, head_a.w};
-        const unsigned qb[3] = {head_b.y, head_b.z, head_b.w};
-        const float d_a = half_of(head_a.x, false), dmin_a = half_of(head_a.x, true);
-        const float d_b = half_of(head_b.x, false), dmin_b = half_of(head_b.x, true);
-#pragma unroll
-        for (unsigned chunk = 0; chunk < 4; chunk++) {
-            const uint2 pa = *(const uint2 *)(ra + 16 + 32 * chunk + 8 * t);
-            const uint2 pb = *(const uint2 *)(rb + 16 + 32 * chunk + 8 * t);
-#pragma unroll
-            for (unsigned high = 0; high < 2; high++) {
-                const unsigned sub = 2 * chunk + high, shift = 4 * high;
-                const int a[4] = {(int)((pa.x >> shift) & 0x0F0F0F0F),
-                                  (int)((pb.x >> shift) & 0x0F0F0F0F),
-                                  (int)((pa.y >> shift) & 0x0F0F0F0F),
-                                  (int)((pb.y >> shift) & 0x0F0F0F0F)};
-                const int2 xh = *(const int2 *)(stage + MMT2_X_HI + group * MMT2_X_STRIDE +
-                                                32 * sub + 8 * t);
-                const int2 xl = *(const int2 *)(stage + MMT2_X_LO + group * MMT2_X_STRIDE +
-                                                32 * sub + 8 * t);
-                int ch[4], cl[4];
-                mma_k32(ch, a, xh.x, xh.y);
-                mma_k32(cl, a, xl.x, xl.y);
-                int sc_a, m_a, sc_b, m_b;
-                scale_min_k4_words(qa, sub, &sc_a, &m_a);
-                scale_min_k4_words(qb, sub, &sc_b, &m_b);
-                const float4 s0 =
-                    *(const float4 *)(stage + MMT2_SCALES + got0 * MMT2_S_STRIDE + 16 * sub);
-                const float4 s1 =
-                    *(const float4 *)(stage + MMT2_SCALES + got1 * MMT2_S_STRIDE + 16 * sub);
-                const float sum0 = s0.z + s0.w, sum1 = s1.z + s1.w;
-                const float v00 = s0.x * exact_float(ch[0]) + s0.y * exact_float(cl[0]);
-                const float v01 = s1.x * exact_float(ch[1]) + s1.y * exact_float(cl[1]);
-                const float v10 = s0.x * exact_float(ch[2]) + s0.y * exact_float(cl[2]);
-                const float v11 = s1.x * exact_float(ch[3]) + s1.y * exact_float(cl[3]);
-                const float ds_a = d_a * (float)sc_a, dm_a = dmin_a * (float)m_a;
-                const float ds_b = d_b * (float)sc_b, dm_b = dmin_b * (float)m_b;
-                acc[0] += ds_a * v00 - dm_a * sum0;
-                acc[1] += ds_a * v01 - dm_a * sum1;
-                acc[2] += ds_b * v10 - dm_b * sum0;
-                acc[3] += ds_b * v11 - dm_b * sum1;
-            }
-        }
-    }
-    const int row_a = row0 + MMT_ROWS * warp + group, row_b = row_a + 8;
-    const int tok0 = t0 + got0, tok1 = t0 + got1;
-    const bool has[4] = {row_a < rows && tok0 < tokens, row_a < rows && tok1 < tokens,
-                         row_b < rows && tok0 < tokens, row_b < rows && tok1 < tokens};
-    const size_t at[4] = {(size_t)tok0 * rows + row_a, (size_t)tok1 * rows + row_a,
-                          (size_t)tok0 * rows + row_b, (size_t)tok1 * rows + row_b};
-    if (ksplit == 1) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (has[i]) out[at[i]] = acc[i];
-        }
-        return;
-    }
-    // Partials of range r: tokens x rows each, after the ranges of earlier tiles.
-    float *mine = partials + (size_t)(blockIdx.y * ksplit + range) * MMT_TOKENS * rows;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (has[i]) mine[at[i] - (size_t)t0 * rows] = acc[i];
-    }
-    __threadfence();
-    __syncthreads();
-    unsigned *counter = counters + blockIdx.y * row_blocks + row_block;
-    if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1) == (unsigned)ksplit - 1;
-    }
-    __syncthreads();
-    if (!last) {
-        return;
-    }
-    __threadfence();
-    const float *tile = partials + (size_t)blockIdx.y * ksplit * MMT_TOKENS * rows;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (has[i]) {
-            float sum = 0.0f;
-            for (int r = 0; r < ksplit; r++) {
-                sum += __ldcg(tile + (size_t)r * MMT_TOKENS * rows + at[i] - (size_t)t0 * rows);
-            }
-            out[at[i]] = sum;
-        }
-    }
-    if (threadIdx.x == 0) {
-        *counter = 0;
-    }
+    for_each_sub_block(stage, warp, group, t,
+                       [&](unsigned sub, const int ch[4], const int cl[4], int sc_a, int m_a,
+                           int sc_b, int m_b, float4 d) {
+        const float d_a = d.x, dmin_a = d.y, d_b = d.z, dmin_b = d.w;
+        const float4 s0 =
+            *(const float4 *)(stage + MMT2_SCALES + got0 * MMT2_S_STRIDE + 16 * sub);
+        const float4 s1 =
+            *(const float4 *)(stage + MMT2_SCALES + got1 * MMT2_S_STRIDE + 16 * sub);
+        const float sum0 = s0.z + s0.w, sum1 = s1.z + s1.w;
+        const float v00 = s0.x * exact_float(ch[0]) + s0.y * exact_float(cl[0]);
+        const float v01 = s1.x * exact_float(ch[1]) + s1.y * exact_float(cl[1]);
+        const float v10 = s0.x * exact_float(ch[2]) + s0.y * exact_float(cl[2]);
+        const float v11 = s1.x * exact_float(ch[3]) + s1.y * exact_float(cl[3]);
+        const float ds_a = d_a * (float)sc_a, dm_a = dmin_a * (float)m_a;
+        const float ds_b = d_b * (float)sc_b, dm_b = dmin_b * (float)m_b;
+        acc[0] += ds_a * v00 - dm_a * sum0;
+        acc[1] += ds_a * v01 - dm_a * sum1;
+        acc[2] += ds_b * v10 - dm_b * sum0;
+        acc[3] += ds_b * v11 - dm_b * sum1;
+    });
 }
 
 // mmt4: mmt2 with activations quantized per 256 values (one (d_hi, d_lo) per super-block, and
@@ -264,9 +206,7 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
 // and the float work is done once per super-block instead of once per sub-block.
 #define MMT4_STRIDE_SCALES 16
 #define MMT4_BSUMS_STRIDE 144
-#define MMT4_X_HI (MMT2_ROWS * MMT2_W_STRIDE)
-#define MMT4_X_LO (MMT4_X_HI + MMT_TOKENS * MMT2_X_STRIDE)
-#define MMT4_SCALES (MMT4_X_LO + MMT_TOKENS * MMT2_X_STRIDE)
+#define MMT4_SCALES (MMT2_X_LO + MMT_TOKENS * MMT2_X_STRIDE)
 #define MMT4_BSUMS (MMT4_SCALES + MMT_TOKENS * MMT4_STRIDE_SCALES)
 #define MMT4_STAGE_BYTES (MMT4_BSUMS + MMT_TOKENS * MMT4_BSUMS_STRIDE)
 #define MMT4_SMEM (MMT2_STAGES * MMT4_STAGE_BYTES)
@@ -319,7 +259,7 @@ static __device__ __forceinline__ void stage_activations_256(uint8_t *stage,
     for (int p = threadIdx.x; p < MMT_TOKENS * 32; p += blockDim.x) {
         const int tok = p / 32, part = (p / 16) % 2, piece = p % 16;
         if (t0 + tok < tokens) {
-            copy16_async(stage + (part ? MMT4_X_LO : MMT4_X_HI) + tok * MMT2_X_STRIDE + 16 * piece,
+            copy16_async(stage + (part ? MMT2_X_LO : MMT2_X_HI) + tok * MMT2_X_STRIDE + 16 * piece,
                          (part ? x_lo : x_hi) + (size_t)(t0 + tok) * cols + 256 * blk +
                              16 * piece);
         }
@@ -354,38 +294,16 @@ static __device__ __forceinline__ float superblock_value(float d, float dmin, fl
 static __device__ __forceinline__ void q4_k_superblock_256(const uint8_t *stage, int warp,
                                                            int group, int t, float acc[4]) {
     const int got0 = 2 * t, got1 = got0 + 1;
-    const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT2_W_STRIDE;
-    const uint8_t *rb = ra + 8 * MMT2_W_STRIDE;
-    const uint4 head_a = *(const uint4 *)ra, head_b = *(const uint4 *)rb;
-    const unsigned qa[3] = {head_a.y, head_a.z, head_a.w};
-    const unsigned qb[3] = {head_b.y, head_b.z, head_b.w};
     const int2 *bsums0 = (const int2 *)(stage + MMT4_BSUMS + got0 * MMT4_BSUMS_STRIDE);
     const int2 *bsums1 = (const int2 *)(stage + MMT4_BSUMS + got1 * MMT4_BSUMS_STRIDE);
     // Per output (row a / b x token got0 / got1): the scaled sums of each part, and the
     // minimums times each part's sums.
     int ih[4] = {0, 0, 0, 0}, il[4] = {0, 0, 0, 0}, mh[4] = {0, 0, 0, 0},
         ml[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (unsigned chunk = 0; chunk < 4; chunk++) {
-        const uint2 pa = *(const uint2 *)(ra + 16 + 32 * chunk + 8 * t);
-        const uint2 pb = *(const uint2 *)(rb + 16 + 32 * chunk + 8 * t);
-#pragma unroll
-        for (unsigned high = 0; high < 2; high++) {
-            const unsigned sub = 2 * chunk + high, shift = 4 * high;
-            const int a[4] = {(int)((pa.x >> shift) & 0x0F0F0F0F),
-                              (int)((pb.x >> shift) & 0x0F0F0F0F),
-                              (int)((pa.y >> shift) & 0x0F0F0F0F),
-                              (int)((pb.y >> shift) & 0x0F0F0F0F)};
-            const int2 xh = *(const int2 *)(stage + MMT4_X_HI + group * MMT2_X_STRIDE +
-                                            32 * sub + 8 * t);
-            const int2 xl = *(const int2 *)(stage + MMT4_X_LO + group * MMT2_X_STRIDE +
-                                            32 * sub + 8 * t);
-            int ch[4], cl[4];
-            mma_k32(ch, a, xh.x, xh.y);
-            mma_k32(cl, a, xl.x, xl.y);
-            int sc_a, m_a, sc_b, m_b;
-            scale_min_k4_words(qa, sub, &sc_a, &m_a);
-            scale_min_k4_words(qb, sub, &sc_b, &m_b);
+    const float4 row_d = for_each_sub_block(
+        stage, warp, group, t,
+        [&](unsigned sub, const int ch[4], const int cl[4], int sc_a, int m_a, int sc_b,
+            int m_b, float4) {
             const int2 s0 = make_int2(bsums0[2 * sub].x + bsums0[2 * sub + 1].x,
                                       bsums0[2 * sub].y + bsums0[2 * sub + 1].y);
             const int2 s1 = make_int2(bsums1[2 * sub].x + bsums1[2 * sub + 1].x,
@@ -399,27 +317,59 @@ static __device__ __forceinline__ void q4_k_superblock_256(const uint8_t *stage,
                 mh[k] += m[k] * s[k].x;
                 ml[k] += m[k] * s[k].y;
             }
-        }
-    }
+        });
     const float2 x0 = *(const float2 *)(stage + MMT4_SCALES + got0 * MMT4_STRIDE_SCALES);
     const float2 x1 = *(const float2 *)(stage + MMT4_SCALES + got1 * MMT4_STRIDE_SCALES);
-    const float d[4] = {half_of(head_a.x, false), half_of(head_a.x, false),
-                        half_of(head_b.x, false), half_of(head_b.x, false)};
-    const float dmin[4] = {half_of(head_a.x, true), half_of(head_a.x, true),
-                           half_of(head_b.x, true), half_of(head_b.x, true)};
+    const float d[4] = {row_d.x, row_d.x, row_d.z, row_d.z};
+    const float dmin[4] = {row_d.y, row_d.y, row_d.w, row_d.w};
     const float2 xs[4] = {x0, x1, x0, x1};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        acc[k] = __fadd_rn(acc[k], superblock_value(d[k], dmin[k], xs[k], ih[k], il[k], mh[k], ml[k]));
+        acc[k] = __fadd_rn(acc[k],
+                           superblock_value(d[k], dmin[k], xs[k], ih[k], il[k], mh[k], ml[k]));
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
-    mmt4_q4_k(const uint8_t *w, int rows, unsigned long long row_bytes, int cols, int ksplit,
-              const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
-              const int2 *x_bsums, int tokens, float *out, float *partials,
-              unsigned *counters) {
-    extern __shared__ __align__(16) uint8_t smem[];
+// Activations in groups of 32 (the backend's): how a stage holds them and how a staged
+// super-block is multiplied.
+struct Activations32 {
+    const signed char *hi, *lo;
+    const float2 *scales;
+    const float *sums;
+    static constexpr int STAGE_BYTES = MMT2_STAGE_BYTES;
+    __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
+        stage_activations(to, hi, lo, scales, sums, cols, t0, tokens, blk);
+    }
+    __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
+                             float acc[4]) const {
+        q4_k_superblock_32(stage, warp, group, t, acc);
+    }
+};
+
+// Activations in groups of 256 (quantize_q8_256).
+struct Activations256 {
+    const signed char *hi, *lo;
+    const float2 *scales;
+    const int2 *bsums;
+    static constexpr int STAGE_BYTES = MMT4_STAGE_BYTES;
+    __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
+        stage_activations_256(to, hi, lo, scales, bsums, cols, t0, tokens, blk);
+    }
+    __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
+                             float acc[4]) const {
+        q4_k_superblock_256(stage, warp, group, t, acc);
+    }
+};
+
+// mmt2 and mmt4: block (row block, range) of grid.x and tile grid.y streams its range's
+// super-blocks through MMT2_STAGES stages, then writes its outputs, or with several ranges its
+// partial sums, of which the last block of the row block to finish adds all in range order.
+template <typename Activations>
+static __device__ __forceinline__ void mmt_streamed(const uint8_t *w, int rows,
+                                                    unsigned long long row_bytes, int cols,
+                                                    int ksplit, const Activations &x,
+                                                    int tokens, float *out, float *partials,
+                                                    unsigned *counters) {
     __shared__ bool last;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int group = lane / 4, t = lane % 4;
@@ -433,34 +383,33 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
 #pragma unroll
     for (int i = 0; i < MMT2_STAGES - 1; i++) {
         if (i < n) {
-            stage_q4_k_weights(smem + i * MMT4_STAGE_BYTES, w, row0, rows, row_bytes, first + i);
+            stage_q4_k_weights(smem + i * Activations::STAGE_BYTES, w, row0, rows, row_bytes,
+                               first + i);
         }
     }
     WAIT_FOR_PREVIOUS_KERNEL();
 #pragma unroll
     for (int i = 0; i < MMT2_STAGES - 1; i++) {
         if (i < n) {
-            stage_activations_256(smem + i * MMT4_STAGE_BYTES, x_hi, x_lo, x_scales, x_bsums,
-                                  cols, t0, tokens, first + i);
+            x.stage(smem + i * Activations::STAGE_BYTES, cols, t0, tokens, first + i);
         }
         commit_copies();
     }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const int got0 = 2 * t, got1 = got0 + 1;
 #pragma unroll 1
     for (int i = 0; i < n; i++) {
         wait_copies<MMT2_STAGES - 2>();
         __syncthreads();
         const int next = i + MMT2_STAGES - 1;
         if (next < n) {
-            uint8_t *stage = smem + (next % MMT2_STAGES) * MMT4_STAGE_BYTES;
+            uint8_t *stage = smem + (next % MMT2_STAGES) * Activations::STAGE_BYTES;
             stage_q4_k_weights(stage, w, row0, rows, row_bytes, first + next);
-            stage_activations_256(stage, x_hi, x_lo, x_scales, x_bsums, cols, t0, tokens,
-                                  first + next);
+            x.stage(stage, cols, t0, tokens, first + next);
         }
         commit_copies();
-        q4_k_superblock_256(smem + (i % MMT2_STAGES) * MMT4_STAGE_BYTES, warp, group, t, acc);
+        x.multiply(smem + (i % MMT2_STAGES) * Activations::STAGE_BYTES, warp, group, t, acc);
     }
+    const int got0 = 2 * t, got1 = got0 + 1;
     const int row_a = row0 + MMT_ROWS * warp + group, row_b = row_a + 8;
     const int tok0 = t0 + got0, tok1 = t0 + got1;
     const bool has[4] = {row_a < rows && tok0 < tokens, row_a < rows && tok1 < tokens,
@@ -506,6 +455,25 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
     }
 }
 
+
+extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
+    mmt2_q4_k(const uint8_t *w, int rows, unsigned long long row_bytes, int cols, int ksplit,
+              const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
+              const float *x_sums, int tokens, float *out, float *partials,
+              unsigned *counters) {
+    mmt_streamed(w, rows, row_bytes, cols, ksplit, Activations32{x_hi, x_lo, x_scales, x_sums},
+                 tokens, out, partials, counters);
+}
+
+extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
+    mmt4_q4_k(const uint8_t *w, int rows, unsigned long long row_bytes, int cols, int ksplit,
+              const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
+              const int2 *x_bsums, int tokens, float *out, float *partials,
+              unsigned *counters) {
+    mmt_streamed(w, rows, row_bytes, cols, ksplit,
+                 Activations256{x_hi, x_lo, x_scales, x_bsums}, tokens, out, partials, counters);
+}
+
 // mmt5: mmt4's products with the work cut evenly between a fixed grid of blocks (stream-K):
 // the (row block, super-block) steps of a tile of activation rows, row block after row block,
 // are dealt out in equal contiguous ranges, one per block. A block writes a row block it
@@ -546,7 +514,6 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
               const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
               const int2 *x_bsums, int tokens, float *out, float *partials,
               unsigned *counters) {
-    extern __shared__ __align__(16) uint8_t smem[];
     __shared__ bool last;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int group = lane / 4, t = lane % 4;
