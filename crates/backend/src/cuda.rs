@@ -86,8 +86,8 @@ impl Runtime for Cuda {
     fn download(&self, src: &CudaSlice<u8>, dst: &mut [u8]) -> Result<(), String> {
         self.stream
             .memcpy_dtoh(&src.slice(..dst.len()), dst)
-            .and_then(|()| self.stream.synchronize())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.synchronize()
     }
 
     fn synchronize(&self) -> Result<(), String> {

@@ -242,8 +242,7 @@ impl Runtime for Hip {
                 self.stream,
             )
         })?;
-        // SAFETY: a live stream.
-        check(unsafe { hipStreamSynchronize(self.stream) })
+        self.synchronize()
     }
 
     fn download(&self, src: &HipBuffer, dst: &mut [u8]) -> Result<(), String> {
@@ -252,8 +251,7 @@ impl Runtime for Hip {
         check(unsafe {
             hipMemcpyDtoHAsync(dst.as_mut_ptr().cast(), src.0, dst.len(), self.stream)
         })?;
-        // SAFETY: a live stream.
-        check(unsafe { hipStreamSynchronize(self.stream) })
+        self.synchronize()
     }
 
     fn synchronize(&self) -> Result<(), String> {
