@@ -104,53 +104,45 @@ static int split_for(int units, int blocks, int target) {
 static void launch_mmt(const Variant &v, const uint8_t *w, const Shape &s, const Quantized &x,
                        int tokens, float *out) {
     const unsigned long long row_bytes = s.cols / 256 * 144;
-    if (v.kernel == Kernel::Mmv256) {
-        // The split of mmt4 with the same target, whose bits it reproduces.
-        const int row_blocks = (s.rows + MMT2_ROWS - 1) / MMT2_ROWS;
-        const int ksplit = split_for(row_blocks, s.cols / 256, v.per_sm * g_sms);
-        const size_t off = x.hi - g_hi;
-        const int blocks = s.cols / 256;
+    const int blocks = s.cols / 256, row_blocks = (s.rows + MMT2_ROWS - 1) / MMT2_ROWS;
+    // mmv256 takes the split of the mmt4 with the same target, whose bits it gives.
+    const int ksplit = split_for(row_blocks, blocks, v.per_sm * g_sms);
+    const int tiles = (tokens + MMT_TOKENS - 1) / MMT_TOKENS;
+    // The same row's offset into the activations quantized per 256.
+    const size_t off = x.hi - g_hi;
+    switch (v.kernel) {
+    case Kernel::Mmt2:
+        mmt2_q4_k<<<dim3(row_blocks * ksplit, tiles), MMT2_WARPS * 32, MMT2_SMEM>>>(
+            w, s.rows, row_bytes, s.cols, ksplit, x.hi, x.lo, x.scales, x.sums, tokens, out,
+            g_partials, g_counters);
+        break;
+    case Kernel::Mmt4:
+        mmt4_q4_k<<<dim3(row_blocks * ksplit, tiles), MMT2_WARPS * 32, MMT4_SMEM>>>(
+            w, s.rows, row_bytes, s.cols, ksplit, g_hi256 + off, g_lo256 + off,
+            g_scales256 + off / 256, g_bsums256 + off / 16, tokens, out, g_partials, g_counters);
+        break;
+    case Kernel::Mmt5: {
+        static int per_sm = 0;
+        if (per_sm == 0) {
+            CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mmt5_q4_k,
+                                                                MMT2_WARPS * 32, MMT4_SMEM));
+        }
+        const long long steps = (long long)row_blocks * blocks;
+        const long long grid = std::min<long long>(steps, (long long)per_sm * g_sms);
+        mmt5_q4_k<<<dim3((unsigned)grid, tiles), MMT2_WARPS * 32, MMT4_SMEM>>>(
+            w, s.rows, row_bytes, s.cols, g_hi256 + off, g_lo256 + off,
+            g_scales256 + off / 256, g_bsums256 + off / 16, tokens, out, g_partials, g_counters);
+        break;
+    }
+    case Kernel::Mmv256: {
         const int pair = ksplit == 1 && blocks % 4 == 2 ? 2 : 1;
         const int rows_per_block = ksplit == 1 ? 4 * pair : std::max(1, 8 / ksplit);
         const int warps_per_block = ksplit == 1 ? 4 : rows_per_block * ksplit;
         mmv256_q4_k<<<(s.rows + rows_per_block - 1) / rows_per_block, warps_per_block * 32>>>(
             w, s.rows, row_bytes, s.cols, ksplit, pair, g_hi256 + off, g_lo256 + off,
             g_scales256 + off / 256, g_bsums256 + off / 16, tokens, out);
-        return;
+        break;
     }
-    if (v.kernel == Kernel::Mmt5) {
-        static int per_sm = 0;
-        if (per_sm == 0) {
-            CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mmt5_q4_k,
-                                                                MMT2_WARPS * 32, MMT4_SMEM));
-        }
-        const long long steps = (long long)((s.rows + MMT2_ROWS - 1) / MMT2_ROWS) * (s.cols / 256);
-        const long long blocks = std::min<long long>(steps, (long long)(v.per_sm ? v.per_sm : per_sm) * g_sms);
-        const dim3 grid((unsigned)blocks, (tokens + MMT_TOKENS - 1) / MMT_TOKENS);
-        const size_t off = x.hi - g_hi;
-        mmt5_q4_k<<<grid, MMT2_WARPS * 32, MMT4_SMEM>>>(
-            w, s.rows, row_bytes, s.cols, g_hi256 + off, g_lo256 + off,
-            g_scales256 + off / 256, g_bsums256 + off / 16, tokens, out, g_partials, g_counters);
-        return;
-    }
-    if (v.kernel == Kernel::Mmt4) {
-        const int row_blocks = (s.rows + MMT2_ROWS - 1) / MMT2_ROWS;
-        const int ksplit = split_for(row_blocks, s.cols / 256, v.per_sm * g_sms);
-        const dim3 grid(row_blocks * ksplit, (tokens + MMT_TOKENS - 1) / MMT_TOKENS);
-        const size_t off = x.hi - g_hi;
-        mmt4_q4_k<<<grid, MMT2_WARPS * 32, MMT4_SMEM>>>(
-            w, s.rows, row_bytes, s.cols, ksplit, g_hi256 + off, g_lo256 + off,
-            g_scales256 + off / 256, g_bsums256 + off / 16, tokens, out, g_partials, g_counters);
-        return;
-    }
-    {
-        const int row_blocks = (s.rows + MMT2_ROWS - 1) / MMT2_ROWS;
-        const int ksplit = split_for(row_blocks, s.cols / 256, v.per_sm * g_sms);
-        const dim3 grid(row_blocks * ksplit, (tokens + MMT_TOKENS - 1) / MMT_TOKENS);
-        mmt2_q4_k<<<grid, MMT2_WARPS * 32, MMT2_SMEM>>>(w, s.rows, row_bytes, s.cols, ksplit,
-                                                        x.hi, x.lo, x.scales, x.sums, tokens,
-                                                        out, g_partials, g_counters);
-        return;
     }
 }
 
