@@ -17,6 +17,7 @@
 //!     [--precisions split,single]
 //! ```
 
+use std::borrow::Cow;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,23 @@ fn random_weights(ty: GgmlType, rows: usize, n: usize) -> Vec<u8> {
     bytes
 }
 
+/// The weights as `format`'s kernels take them: repacked where the format repacks.
+fn kernel_weights<'a>(format: &WeightFormat, gguf: &'a [u8], n: usize) -> Cow<'a, [u8]> {
+    if !format.repacks() {
+        return Cow::Borrowed(gguf);
+    }
+    let gguf_row = format
+        .ggml_type()
+        .bytes_for(n as u64)
+        .expect("whole blocks") as usize;
+    let row = format.kernel_row_bytes(n);
+    let mut out = vec![0; gguf.len() / gguf_row * row];
+    for (gguf, out) in gguf.chunks_exact(gguf_row).zip(out.chunks_exact_mut(row)) {
+        format.repack_row(gguf, out);
+    }
+    Cow::Owned(out)
+}
+
 struct Measurement {
     rows_per_second: f64,
     gigabytes_per_second: f64,
@@ -239,6 +257,7 @@ fn main() {
                         continue;
                     }
                 };
+                let weights = kernel_weights(&format, &weights, n);
                 let m = measure(&format, &weights, rows, n, &options);
                 println!(
                     "{:<7} {:<7} {:<7} {:<9} {:>6} {:>6} {:>9.2} {:>8.2} {:>12.0}",

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, random_activations, random_row};
+use common::{Rng, kernel_rows, random_activations, random_row};
 use lucebox_quant::{
     ActivationFormat, ActivationPrecision, GgmlType, Isa, UnsupportedType, WeightFormat,
 };
@@ -124,6 +124,16 @@ impl Case {
             .sum()
     }
 
+    /// The dot product by `format`'s kernels, of the row repacked where the format repacks
+    /// and of the activations quantized in its own layout (the same values as the case's at
+    /// `format`'s precision).
+    fn dot(&self, format: &WeightFormat) -> f32 {
+        let row = kernel_rows(format, &self.row, self.x.len());
+        let mut activation = vec![0; format.activation_format().row_bytes(self.x.len())];
+        format.quantize_activation(&self.x, &mut activation);
+        format.dot(&row, &activation)
+    }
+
     fn exact_dot(&self) -> f64 {
         self.w
             .iter()
@@ -214,13 +224,15 @@ fn simd_dot_agrees_with_scalar_dot() {
         let scalar = WeightFormat::new(ty, Isa::Scalar).unwrap();
         for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
             let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
-            assert_eq!(format.activation_format(), scalar.activation_format());
+            if !format.repacks() {
+                assert_eq!(format.activation_format(), scalar.activation_format());
+            }
             assert_eq!(format.activation_precision(), precision);
             for n in lengths(ty) {
                 for seed in 0..4 {
                     let case = Case::at(precision, ty, n, seed * 104_729 + n as u64);
                     let expected = f64::from(scalar.dot(&case.row, &case.activation));
-                    let dot = f64::from(format.dot(&case.row, &case.activation));
+                    let dot = f64::from(case.dot(&format));
                     let tolerance = 1e-6 * case.magnitude();
                     assert!(
                         (dot - expected).abs() <= tolerance,
@@ -288,13 +300,16 @@ fn single_part_activations_are_the_high_part_alone() {
         }
         for n in lengths(ty) {
             let case = Case::at(ActivationPrecision::Single, ty, n, 31 + n as u64);
-            let dot = f64::from(single.dot(&case.row, &case.activation));
+            let dot = f64::from(case.dot(&single));
             let mut bound = 2e-6 * case.magnitude();
+            let scalar_format = WeightFormat::new(ty, Isa::Scalar)
+                .unwrap()
+                .activation_format();
             for ((w, x), b) in case
                 .w
-                .chunks(format.block_len())
-                .zip(case.x.chunks(format.block_len()))
-                .zip(SplitBlock::read(format, &case.activation))
+                .chunks(scalar_format.block_len())
+                .zip(case.x.chunks(scalar_format.block_len()))
+                .zip(SplitBlock::read(scalar_format, &case.activation))
             {
                 let w_sum: f64 = w.iter().map(|&v| f64::from(v).abs()).sum();
                 bound += f64::from(b.d_hi) / 2.0 * w_sum;
@@ -314,10 +329,11 @@ fn single_part_activations_are_the_high_part_alone() {
     }
 }
 
+/// The activation formats of every ISA, each with a weight type that takes it on every ISA.
 const ACTIVATION_FORMATS: [(ActivationFormat, GgmlType); 3] = [
     (ActivationFormat::F32, GgmlType::F32),
     (ActivationFormat::SplitQ8Block32, GgmlType::Q8_0),
-    (ActivationFormat::SplitQ8Block256, GgmlType::Q4K),
+    (ActivationFormat::SplitQ8Block256, GgmlType::Iq4Xs),
 ];
 
 /// Random activations, then blocks of 256 that take the quantizers' edge cases: all zero, values
@@ -439,8 +455,8 @@ fn blocks_with_sums_record_them() {
         }
         let format = ActivationFormat::SplitQ8Block256;
         let mut q = vec![0; format.row_bytes(256)];
-        let q4_k = WeightFormat::new(GgmlType::Q4K, isa).unwrap();
-        q4_k.quantize_activation(&x, &mut q);
+        let iq4_xs = WeightFormat::new(GgmlType::Iq4Xs, isa).unwrap();
+        iq4_xs.quantize_activation(&x, &mut q);
         let b = &SplitBlock::read(format, &q)[0];
         for g in 0..16 {
             let at = 512 + 4 * g;
@@ -453,13 +469,120 @@ fn blocks_with_sums_record_them() {
     }
 }
 
+/// Where Q4_K repacks (AVX-512), its activations are the portable quantizer's 256-element
+/// blocks laid out by lane as `SplitQ8Pairs512` documents, and dequantize to the same values.
+#[test]
+fn pair_activations_are_the_blocks_rearranged() {
+    let pairs = ActivationFormat::SplitQ8Pairs512;
+    let blocks = ActivationFormat::SplitQ8Block256;
+    let f32_at =
+        |bytes: &[u8], at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
+        let format = WeightFormat::with_precision(GgmlType::Q4K, isa, precision).unwrap();
+        if !format.repacks() {
+            continue;
+        }
+        assert_eq!(format.activation_format(), pairs);
+        let scalar = WeightFormat::with_precision(GgmlType::Q4K, Isa::Scalar, precision).unwrap();
+        // An odd number of blocks: the last pair's second block is padding.
+        let x = activations_with_edge_cases(17, 256 * 5);
+        let n = x.len();
+        let (mut q, mut reference) = (vec![0; pairs.row_bytes(n)], vec![0; blocks.row_bytes(n)]);
+        format.quantize_activation(&x, &mut q);
+        scalar.quantize_activation(&x, &mut reference);
+        let mut expected = vec![0.0; n];
+        blocks.dequantize(&reference, &mut expected);
+        let reference = SplitBlock::read(blocks, &reference);
+        let context = format!("{isa} {precision:?}");
+        for (p, pair) in q.chunks_exact(pairs.block_bytes()).enumerate() {
+            for lane in 0..16 {
+                let block = reference.get(2 * p + lane / 8);
+                let sub_block = 32 * (lane % 8);
+                for (part, (values, scales)) in [(0, 1088), (512, 1152)].into_iter().enumerate() {
+                    let d = block.map_or(0.0, |b| [b.d_hi, b.d_lo][part]);
+                    assert_eq!(f32_at(pair, scales + 4 * lane), d, "{context} pair {p}");
+                    for (vector, byte) in (0..8).flat_map(|k| (0..4).map(move |b| (k, b))) {
+                        let value = pair[values + 64 * vector + 4 * lane + byte] as i8;
+                        let expected = block
+                            .map_or(0, |b| [&b.hi, &b.lo][part][sub_block + 4 * vector + byte]);
+                        assert_eq!(value, expected, "{context} pair {p} lane {lane}");
+                    }
+                }
+                let sum = |values: &[i8]| values.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+                let expected = block.map_or(0.0, |b| {
+                    let range = sub_block..sub_block + 32;
+                    b.d_hi * sum(&b.hi[range.clone()]) + b.d_lo * sum(&b.lo[range])
+                });
+                assert_eq!(
+                    f32_at(pair, 1024 + 4 * lane),
+                    expected,
+                    "{context} pair {p}"
+                );
+            }
+        }
+        let mut back = vec![0.0; n];
+        pairs.dequantize(&q, &mut back);
+        assert_eq!(back, expected, "{context}");
+    }
+}
+
+/// Where Q6_K repacks (AVX-512), its activations are the portable quantizer's 256-element
+/// blocks with each part's values laid out by lane as `SplitQ8Lanes256` documents, the sums
+/// and scales unchanged, and dequantize to the same values.
+#[test]
+fn lane_activations_are_the_blocks_rearranged() {
+    let lanes = ActivationFormat::SplitQ8Lanes256;
+    let blocks = ActivationFormat::SplitQ8Block256;
+    for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
+        let format = WeightFormat::with_precision(GgmlType::Q6K, isa, precision).unwrap();
+        if !format.repacks() {
+            continue;
+        }
+        assert_eq!(format.activation_format(), lanes);
+        let scalar = WeightFormat::with_precision(GgmlType::Q6K, Isa::Scalar, precision).unwrap();
+        let x = activations_with_edge_cases(19, 256 * 3);
+        let n = x.len();
+        let (mut q, mut reference) = (vec![0; lanes.row_bytes(n)], vec![0; blocks.row_bytes(n)]);
+        format.quantize_activation(&x, &mut q);
+        scalar.quantize_activation(&x, &mut reference);
+        let context = format!("{isa} {precision:?}");
+        let block_bytes = blocks.block_bytes();
+        for (b, (got, expected)) in q
+            .chunks_exact(block_bytes)
+            .zip(reference.chunks_exact(block_bytes))
+            .enumerate()
+        {
+            assert_eq!(
+                got[512..],
+                expected[512..],
+                "{context} block {b}: sums and scales"
+            );
+            for part in [0, 256] {
+                for (vector, lane, byte) in
+                    (0..4).flat_map(|k| (0..16).flat_map(move |l| (0..4).map(move |b| (k, l, b))))
+                {
+                    assert_eq!(
+                        got[part + 64 * vector + 4 * lane + byte],
+                        expected[part + 16 * lane + 4 * vector + byte],
+                        "{context} block {b} lane {lane}"
+                    );
+                }
+            }
+        }
+        let (mut back, mut expected) = (vec![0.0; n], vec![0.0; n]);
+        lanes.dequantize(&q, &mut back);
+        blocks.dequantize(&reference, &mut expected);
+        assert_eq!(back, expected, "{context}");
+    }
+}
+
 #[test]
 fn zero_activations_give_zero() {
     for &ty in WeightFormat::supported_types() {
         for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
             let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
             let n = 512;
-            let row = random_row(&mut Rng::new(1), ty, n);
+            let row = kernel_rows(&format, &random_row(&mut Rng::new(1), ty, n), n);
             let mut q = vec![0xa5; format.activation_format().row_bytes(n)];
             format.quantize_activation(&vec![0.0; n], &mut q);
             assert_eq!(format.dot(&row, &q), 0.0, "{ty} {isa} {precision:?}");
@@ -495,7 +618,8 @@ fn unsupported_types_are_named() {
 fn dot_rejects_an_activation_row_of_another_length() {
     let format = WeightFormat::new(GgmlType::Q4K, Isa::detect()).unwrap();
     let row = random_row(&mut Rng::new(1), GgmlType::Q4K, 512);
-    let activation = vec![0; format.activation_format().row_bytes(256)];
+    let row = kernel_rows(&format, &row, 512);
+    let activation = vec![0; format.activation_format().row_bytes(1024)];
     format.dot(&row, &activation);
 }
 
@@ -516,13 +640,17 @@ fn dequantize_rejects_a_short_source() {
 }
 
 #[test]
-fn dot_rows_equals_dot_row_by_row() {
+fn dot_rows_and_dot_matrix_equal_dot_row_by_row() {
     for &ty in WeightFormat::supported_types() {
         for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
             let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
             for n in lengths(ty) {
                 let mut rng = Rng::new(n as u64 + 1);
-                let row = random_row(&mut rng, ty, n);
+                let weight_rows: Vec<u8> =
+                    (0..3).flat_map(|_| random_row(&mut rng, ty, n)).collect();
+                let weight_rows = kernel_rows(&format, &weight_rows, n);
+                let weight_bytes = format.kernel_row_bytes(n);
+                let row = &weight_rows[..weight_bytes];
                 let row_bytes = format.activation_format().row_bytes(n);
                 for count in 0..10 {
                     let mut activations = vec![0; row_bytes * count];
@@ -530,14 +658,25 @@ fn dot_rows_equals_dot_row_by_row() {
                         format.quantize_activation(&random_activations(&mut rng, n), activation);
                     }
                     let mut out = vec![f32::NAN; count];
-                    format.dot_rows(&row, &activations, &mut out);
+                    format.dot_rows(row, &activations, &mut out);
+                    let mut matrix = vec![f32::NAN; 3 * count];
+                    format.dot_matrix(&weight_rows, weight_bytes, &activations, &mut matrix);
                     for (i, activation) in activations.chunks_exact(row_bytes).enumerate() {
-                        let dot = format.dot(&row, activation);
+                        let context =
+                            format!("{ty} {isa} {precision:?} {n} elements, row {i} of {count}");
                         assert_eq!(
                             out[i].to_bits(),
-                            dot.to_bits(),
-                            "{ty} {isa} {precision:?} {n} elements, row {i} of {count}"
+                            format.dot(row, activation).to_bits(),
+                            "{context}"
                         );
+                        for (w, weight) in weight_rows.chunks_exact(weight_bytes).enumerate() {
+                            let dot = format.dot(weight, activation);
+                            assert_eq!(
+                                matrix[w * count + i].to_bits(),
+                                dot.to_bits(),
+                                "{context}, weight row {w}"
+                            );
+                        }
                     }
                 }
             }
@@ -549,7 +688,11 @@ fn dot_rows_equals_dot_row_by_row() {
 #[should_panic(expected = "activation bytes for 3 rows")]
 fn dot_rows_rejects_a_missing_row() {
     let format = WeightFormat::new(GgmlType::Q4K, Isa::detect()).unwrap();
-    let row = random_row(&mut Rng::new(1), GgmlType::Q4K, 256);
+    let row = kernel_rows(
+        &format,
+        &random_row(&mut Rng::new(1), GgmlType::Q4K, 256),
+        256,
+    );
     let activations = vec![0; format.activation_format().row_bytes(256) * 2];
     format.dot_rows(&row, &activations, &mut [0.0; 3]);
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{Rng, random_activations, random_row};
+use common::{Rng, kernel_rows, random_activations, random_row};
 use lucebox_gguf::GgufFile;
 use lucebox_quant::{GgmlType, Isa, WeightFormat};
 
@@ -104,17 +104,17 @@ fn check_dequantization(jobs: &[Rows]) {
 /// gguf-py's dequantized row and the dequantized activations.
 fn check_dots(jobs: &[Rows], references: &[Vec<f32>]) {
     for (job, reference) in jobs.iter().zip(references) {
-        let row_bytes = job.ty.bytes_for(job.n as u64).unwrap() as usize;
         let x = random_activations(&mut Rng::new(job.n as u64), job.n);
         for isa in Isa::ALL.iter().copied().filter(|isa| isa.is_available()) {
             let format = WeightFormat::new(job.ty, isa).unwrap();
+            let row_bytes = format.kernel_row_bytes(job.n);
+            let kernel_rows = kernel_rows(&format, &job.bytes, job.n);
             let activation_format = format.activation_format();
             let mut activation = vec![0; activation_format.row_bytes(job.n)];
             format.quantize_activation(&x, &mut activation);
             let mut a = vec![0.0; job.n];
             activation_format.dequantize(&activation, &mut a);
-            let rows = job
-                .bytes
+            let rows = kernel_rows
                 .chunks_exact(row_bytes)
                 .zip(reference.chunks_exact(job.n));
             for (r, (row, w)) in rows.enumerate() {

@@ -4,6 +4,7 @@
 
 use super::CpuMatrix;
 use super::pool::{DisjointMut, ThreadPool};
+use crate::Error;
 
 /// Activation rows multiplied together against one weight row: the quant kernels unpack a weight
 /// block once for up to eight activation rows (fewer on some formats and instruction sets, where
@@ -19,7 +20,8 @@ pub(super) fn matmul(
     rows: usize,
     out: &mut [f32],
     quantized: &mut Vec<u8>,
-) {
+) -> Result<(), Error> {
+    let weights = matrix.kernel_bytes(pool)?;
     let format = matrix.format;
     let (n, k) = (matrix.rows, matrix.cols);
     let act_bytes = format.activation_format().row_bytes(k);
@@ -38,29 +40,33 @@ pub(super) fn matmul(
         });
     }
     let quantized = &*quantized;
-    let weights = matrix.bytes();
+    let row_bytes = weights.len() / n;
     let out = DisjointMut::new(out);
     pool.for_each(
         n,
         weight_rows_per_claim(n, pool.threads()),
         &|_, weight_rows| {
-            let mut dots = [0f32; ACTIVATION_TILE];
+            let mut dots = [0f32; MAX_CLAIM_ROWS * ACTIVATION_TILE];
+            let claimed = &weights[weight_rows.start * row_bytes..weight_rows.end * row_bytes];
+            let bias = bias.map(|b| &b[weight_rows.clone()]);
             for first in (0..rows).step_by(ACTIVATION_TILE) {
                 let tile = ACTIVATION_TILE.min(rows - first);
                 let activations = &quantized[first * act_bytes..(first + tile) * act_bytes];
-                for j in weight_rows.clone() {
-                    format.dot_rows(matrix.row(weights, j), activations, &mut dots[..tile]);
-                    let b = bias.map_or(0.0, |b| b[j]);
-                    for (i, &dot) in dots[..tile].iter().enumerate() {
-                        let at = (first + i) * n + j;
-                        // SAFETY: this claim owns output column j of every row; claims are disjoint.
-                        let cell = unsafe { out.slice(at..at + 1) };
-                        cell[0] = dot + b;
+                let dots = &mut dots[..weight_rows.len() * tile];
+                format.dot_matrix(claimed, row_bytes, activations, dots);
+                for i in 0..tile {
+                    let at = (first + i) * n;
+                    // SAFETY: this claim owns these output columns of every row; claims are
+                    // disjoint.
+                    let out = unsafe { out.slice(at + weight_rows.start..at + weight_rows.end) };
+                    for (w, out) in out.iter_mut().enumerate() {
+                        *out = dots[w * tile + i] + bias.map_or(0.0, |b| b[w]);
                     }
                 }
             }
         },
     );
+    Ok(())
 }
 
 /// How many weight rows a thread claims at a time: long contiguous runs, so that the kernels'
@@ -70,5 +76,8 @@ pub(super) fn matmul(
 /// runs, tried for many activation rows to keep a run in L1, lost to this: a batch of 16
 /// decoding sequences ran 12-40% slower on the Qwen2.5 pair, as each short run started cold.
 fn weight_rows_per_claim(weight_rows: usize, threads: usize) -> usize {
-    (weight_rows / (threads * 8)).clamp(16, 512)
+    (weight_rows / (threads * 8)).clamp(16, MAX_CLAIM_ROWS)
 }
+
+/// The longest run of weight rows a thread claims.
+const MAX_CLAIM_ROWS: usize = 512;

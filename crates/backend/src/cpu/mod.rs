@@ -1,13 +1,14 @@
-//! The CPU backend: weights stay in the memory-mapped file, activations and the KV cache live
-//! in host memory, and every operation runs on a fixed pool of threads with SIMD kernels chosen
-//! at run time.
+//! The CPU backend: weights stay in the memory-mapped file (matrices whose kernels take another
+//! layout are also repacked, once, by their first matmul), activations and the KV cache live in
+//! host memory, and every operation runs on a fixed pool of threads with SIMD kernels chosen at
+//! run time.
 
 mod attention;
 mod elementwise;
 mod matmul;
 mod pool;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use half::f16;
 use lucebox_gguf::{GgufFile, TensorView};
@@ -19,7 +20,7 @@ use crate::{
     AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch, Rope,
     RopeStyle,
 };
-use pool::ThreadPool;
+use pool::{DisjointMut, ThreadPool};
 
 const NAME: &str = "cpu";
 
@@ -97,7 +98,9 @@ impl CpuBackend {
     }
 }
 
-/// A weight matrix, read in place from the mapped file.
+/// A weight matrix, read in place from the mapped file, and for formats whose kernels take
+/// another layout ([`WeightFormat::repacks`]) repacked by its first matmul: an embedding table
+/// that is not also the output matrix never is.
 #[derive(Debug)]
 pub struct CpuMatrix {
     file: Arc<GgufFile>,
@@ -105,19 +108,53 @@ pub struct CpuMatrix {
     format: WeightFormat,
     rows: usize,
     cols: usize,
-    row_bytes: usize,
+    repacked: OnceLock<Vec<u8>>,
 }
 
 impl CpuMatrix {
-    fn bytes(&self) -> &[u8] {
+    /// GGUF's blocks of the matrix.
+    fn gguf_bytes(&self) -> &[u8] {
         self.file
             .tensor(&self.name)
             .expect("tensor existed when the matrix was loaded")
             .data()
     }
 
-    fn row<'a>(&self, bytes: &'a [u8], row: usize) -> &'a [u8] {
-        &bytes[row * self.row_bytes..(row + 1) * self.row_bytes]
+    /// The matrix as its kernels take it, repacked on the pool's threads the first time.
+    fn kernel_bytes(&self, pool: &ThreadPool) -> Result<&[u8], Error> {
+        if !self.format.repacks() {
+            return Ok(self.gguf_bytes());
+        }
+        if let Some(repacked) = self.repacked.get() {
+            return Ok(repacked);
+        }
+        let repacked = self.repack(pool)?;
+        Ok(self.repacked.get_or_init(|| repacked))
+    }
+
+    fn repack(&self, pool: &ThreadPool) -> Result<Vec<u8>, Error> {
+        let row_bytes = self.format.kernel_row_bytes(self.cols);
+        let bytes = self.rows * row_bytes;
+        let mut repacked = Vec::new();
+        repacked
+            .try_reserve_exact(bytes)
+            .map_err(|_| Error::OutOfMemory {
+                what: "repacked weights",
+                bytes: bytes as u64,
+            })?;
+        repacked.resize(bytes, 0);
+        let gguf = self.gguf_bytes();
+        let gguf_row_bytes = gguf.len() / self.rows;
+        let out = DisjointMut::new(&mut repacked);
+        pool.for_each(self.rows, 64, &|_, range| {
+            for row in range {
+                // SAFETY: each row is repacked by exactly one range; ranges are disjoint.
+                let out = unsafe { out.slice(row * row_bytes..(row + 1) * row_bytes) };
+                let gguf_row = &gguf[row * gguf_row_bytes..(row + 1) * gguf_row_bytes];
+                self.format.repack_row(gguf_row, out);
+            }
+        });
+        Ok(repacked)
     }
 }
 
@@ -194,14 +231,14 @@ impl Backend for CpuBackend {
         name: &str,
         precision: ActivationPrecision,
     ) -> Result<CpuMatrix, Error> {
-        let (view, [cols, rows], format) = self.tensor("load_matrix", file, name, precision)?;
+        let (_, [cols, rows], format) = self.tensor("load_matrix", file, name, precision)?;
         Ok(CpuMatrix {
             file: Arc::clone(file),
             name: name.to_owned(),
             format,
             rows,
             cols,
-            row_bytes: view.data().len() / rows,
+            repacked: OnceLock::new(),
         })
     }
 
@@ -296,12 +333,12 @@ impl Backend for CpuBackend {
     ) -> Result<(), Error> {
         checks::embed(&batch.batch, (table.rows, table.cols), out.dims())?;
         let tokens = batch.batch.tokens();
-        let bytes = table.bytes();
-        let cols = table.cols;
+        let bytes = table.gguf_bytes();
+        let (cols, row_bytes) = (table.cols, bytes.len() / table.rows);
         for (&token, row) in tokens.iter().zip(out.data.chunks_exact_mut(cols)) {
-            table
-                .format
-                .dequantize(table.row(bytes, token as usize), row);
+            let token = token as usize;
+            let gguf_row = &bytes[token * row_bytes..(token + 1) * row_bytes];
+            table.format.dequantize(gguf_row, row);
         }
         Ok(())
     }
@@ -364,8 +401,7 @@ impl Backend for CpuBackend {
             rows,
             out.rows_mut(rows),
             &mut quantized,
-        );
-        Ok(())
+        )
     }
 
     fn rope(&self, x: &mut CpuActivations, batch: &CpuBatch, head_dim: usize) -> Result<(), Error> {

@@ -32,6 +32,18 @@ use crate::isa::Isa;
 ///   once per block.
 /// - `SplitQ8Block256` (584 bytes): the 256 high values, the 256 low values, for each 16
 ///   consecutive elements `d_hi * sum(hi) + d_lo * sum(lo)` (16 `f32`), `d_hi`, then `d_lo`.
+/// - `SplitQ8Lanes256` (584 bytes): a `SplitQ8Block256` block whose values are rearranged for
+///   the 16 lanes of an AVX-512 vector, lane `l` standing for elements `16l..16l + 16`: each
+///   part's 256 values are four vectors of 64 bytes, byte `4l + b` of vector `k` being element
+///   `16l + 4k + b`. The sums of 16 elements, one per lane, and the scales are as in
+///   `SplitQ8Block256`.
+/// - `SplitQ8Pairs512` (1216 bytes): two `SplitQ8Block256` blocks (quantized as such),
+///   rearranged for the 16 lanes of an AVX-512 vector. Lane `l` stands for the 32-element
+///   sub-block `l % 8` of block `l / 8`. Each part's 512 values (the high part's at 0, the low
+///   part's at 512) are eight vectors of 64 bytes: byte `4l + b` of vector `k` is element `4k + b`
+///   of lane `l`'s sub-block. Then, per lane, `d_hi * sum(hi) + d_lo * sum(lo)` of its sub-block
+///   (16 `f32` at 1024), its block's `d_hi` (16 `f32` at 1088) and `d_lo` (16 `f32` at 1152). A row
+///   of an odd number of 256-element blocks ends with a pair whose second block is zero.
 ///
 /// All multi-byte fields are little-endian.
 ///
@@ -47,6 +59,11 @@ pub enum ActivationFormat {
     /// 256-element blocks in two `i8` parts with their scales and sums of 16 elements, for the
     /// K-quants and IQ4_XS.
     SplitQ8Block256,
+    /// `SplitQ8Block256` blocks with their values laid out by AVX-512 lane, for Q6_K's AVX-512
+    /// kernel.
+    SplitQ8Lanes256,
+    /// Pairs of `SplitQ8Block256` blocks laid out by AVX-512 lane, for Q4_K's AVX-512 kernel.
+    SplitQ8Pairs512,
 }
 
 /// How finely the integer activation formats quantize, chosen per matrix.
@@ -126,6 +143,29 @@ pub(crate) mod split256 {
     pub(crate) const SUMS: usize = 512;
 }
 
+/// The element of a [`ActivationFormat::SplitQ8Lanes256`] block's part at byte `at` of its
+/// values.
+pub(crate) const fn lanes256_element(at: usize) -> usize {
+    let (vector, lane, byte) = (at / 64, at % 64 / 4, at % 4);
+    16 * lane + 4 * vector + byte
+}
+
+/// Byte layout of a [`ActivationFormat::SplitQ8Pairs512`] block.
+pub(crate) mod pairs512 {
+    /// Bytes in one block.
+    pub(crate) const BYTES: usize = 1216;
+    /// Offsets of the high part's values and lane scales, then of the low part's.
+    pub(crate) const PARTS: [(usize, usize); 2] = [(0, 1088), (512, 1152)];
+    /// Offset of the 16 lane sums.
+    pub(crate) const SUMS: usize = 1024;
+
+    /// The element of the pair (0..512) at byte `at` of a part's values.
+    pub(crate) const fn element(at: usize) -> usize {
+        let (vector, lane, byte) = (at / 64, at % 64 / 4, at % 4);
+        256 * (lane / 8) + 32 * (lane % 8) + 4 * vector + byte
+    }
+}
+
 /// Quantizes one row; the caller has checked the lengths and that the CPU has the ISA the
 /// function was compiled for.
 pub(crate) type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
@@ -136,7 +176,8 @@ impl ActivationFormat {
         match self {
             ActivationFormat::F32 => 1,
             ActivationFormat::SplitQ8Block32 => 32,
-            ActivationFormat::SplitQ8Block256 => 256,
+            ActivationFormat::SplitQ8Block256 | ActivationFormat::SplitQ8Lanes256 => 256,
+            ActivationFormat::SplitQ8Pairs512 => 512,
         }
     }
 
@@ -145,15 +186,26 @@ impl ActivationFormat {
         match self {
             ActivationFormat::F32 => 4,
             ActivationFormat::SplitQ8Block32 => split32::BYTES,
-            ActivationFormat::SplitQ8Block256 => split256::BYTES,
+            ActivationFormat::SplitQ8Block256 | ActivationFormat::SplitQ8Lanes256 => {
+                split256::BYTES
+            }
+            ActivationFormat::SplitQ8Pairs512 => pairs512::BYTES,
         }
     }
 
     /// Bytes one row of `n` activations takes.
     ///
     /// # Panics
-    /// When `n` is not a multiple of [`block_len`](Self::block_len).
+    /// When `n` is not a multiple of [`block_len`](Self::block_len), or for `SplitQ8Pairs512`
+    /// of 256.
     pub fn row_bytes(self, n: usize) -> usize {
+        if self == ActivationFormat::SplitQ8Pairs512 {
+            assert!(
+                n.is_multiple_of(256),
+                "{n} activations are not a whole number of 256-element blocks"
+            );
+            return n.div_ceil(512) * pairs512::BYTES;
+        }
         assert!(
             n.is_multiple_of(self.block_len()),
             "{n} activations are not a whole number of {self:?} blocks"
@@ -186,6 +238,19 @@ impl ActivationFormat {
                 let [hi, lo] = split256::PARTS.map(|part| (part.values, part.d));
                 dequantize_split(src, dst, split256::BYTES, 256, hi, lo);
             }
+            ActivationFormat::SplitQ8Lanes256 => {
+                for (y, block) in dst
+                    .chunks_exact_mut(256)
+                    .zip(src.chunks_exact(split256::BYTES))
+                {
+                    let mut in_order = [0.0; 256];
+                    ActivationFormat::SplitQ8Block256.dequantize(block, &mut in_order);
+                    for (at, value) in in_order.into_iter().enumerate() {
+                        y[lanes256_element(at)] = value;
+                    }
+                }
+            }
+            ActivationFormat::SplitQ8Pairs512 => dequantize_pairs(src, dst),
         }
     }
 
@@ -200,6 +265,10 @@ impl ActivationFormat {
                 (ActivationFormat::SplitQ8Block32, Single) => avx2::quantize_split32::<1>,
                 (ActivationFormat::SplitQ8Block256, Split) => avx2::quantize_split256::<2>,
                 (ActivationFormat::SplitQ8Block256, Single) => avx2::quantize_split256::<1>,
+                (ActivationFormat::SplitQ8Lanes256, Split) => avx2::quantize_lanes256::<2>,
+                (ActivationFormat::SplitQ8Lanes256, Single) => avx2::quantize_lanes256::<1>,
+                (ActivationFormat::SplitQ8Pairs512, Split) => avx2::quantize_pairs512::<2>,
+                (ActivationFormat::SplitQ8Pairs512, Single) => avx2::quantize_pairs512::<1>,
             };
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -210,6 +279,10 @@ impl ActivationFormat {
             (ActivationFormat::SplitQ8Block32, Single) => quantize_split32::<1>,
             (ActivationFormat::SplitQ8Block256, Split) => quantize_split256::<2>,
             (ActivationFormat::SplitQ8Block256, Single) => quantize_split256::<1>,
+            (ActivationFormat::SplitQ8Lanes256, Split) => quantize_lanes256::<2>,
+            (ActivationFormat::SplitQ8Lanes256, Single) => quantize_lanes256::<1>,
+            (ActivationFormat::SplitQ8Pairs512, Split) => quantize_pairs512::<2>,
+            (ActivationFormat::SplitQ8Pairs512, Single) => quantize_pairs512::<1>,
         }
     }
 }
@@ -229,6 +302,22 @@ fn dequantize_split(
         let parts = block[hi.0..hi.0 + len].iter().zip(&block[lo.0..lo.0 + len]);
         for (y, (&hi, &lo)) in y.iter_mut().zip(parts) {
             *y = d_hi * f32::from(hi as i8) + d_lo * f32::from(lo as i8);
+        }
+    }
+}
+
+fn dequantize_pairs(src: &[u8], dst: &mut [f32]) {
+    let pairs = src.as_chunks::<{ pairs512::BYTES }>().0;
+    for (y, pair) in dst.chunks_mut(512).zip(pairs) {
+        let [hi, lo] = pairs512::PARTS;
+        for at in 0..512 {
+            let element = pairs512::element(at);
+            let lane = at % 64 / 4;
+            let [d_hi, d_lo] = [hi.1, lo.1].map(|scales| f32_at(pair, scales + 4 * lane));
+            if let Some(y) = y.get_mut(element) {
+                *y = d_hi * f32::from(pair[hi.0 + at] as i8)
+                    + d_lo * f32::from(pair[lo.0 + at] as i8);
+            }
         }
     }
 }
@@ -317,6 +406,74 @@ fn quantize_split32<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
         }
         let sum = block_sum(d_hi, sum(&hi), d_lo, sum(&lo));
         block[split32::SUM..split32::SUM + 4].copy_from_slice(&sum.to_le_bytes());
+    }
+}
+
+fn quantize_lanes256<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
+    quantize_split256::<PARTS>(x, dst);
+    to_lanes(dst);
+}
+
+/// Rearranges the values of `SplitQ8Block256` blocks in place into `SplitQ8Lanes256`'s order.
+pub(crate) fn to_lanes(blocks: &mut [u8]) {
+    for block in blocks.as_chunks_mut::<{ split256::BYTES }>().0 {
+        for part in split256::PARTS {
+            let values = &mut block[part.values..part.values + 256];
+            let in_order: [u8; 256] = values.try_into().expect("256 values");
+            for at in (0..256).step_by(4) {
+                let element = lanes256_element(at);
+                values[at..at + 4].copy_from_slice(&in_order[element..element + 4]);
+            }
+        }
+    }
+}
+
+fn quantize_pairs512<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
+    quantize_pairs(x, dst, quantize_split256::<PARTS>);
+}
+
+/// Quantizes a row into [`ActivationFormat::SplitQ8Pairs512`] with `quantize256`, a
+/// `SplitQ8Block256` quantizer, so that the values and scales are that quantizer's.
+#[inline]
+pub(crate) fn quantize_pairs(x: &[f32], dst: &mut [u8], quantize256: impl Fn(&[f32], &mut [u8])) {
+    let pairs = dst.as_chunks_mut::<{ pairs512::BYTES }>().0;
+    for (x, pair) in x.chunks(512).zip(pairs) {
+        let mut blocks = [[0; split256::BYTES]; 2];
+        let len = x.len() / 256 * split256::BYTES;
+        quantize256(x, &mut blocks.as_flattened_mut()[..len]);
+        rearrange_pair(&blocks, pair);
+    }
+}
+
+/// Lays out two `SplitQ8Block256` blocks as a `SplitQ8Pairs512` block.
+fn rearrange_pair(blocks: &[[u8; split256::BYTES]; 2], pair: &mut [u8; pairs512::BYTES]) {
+    for (part, (values, scales)) in split256::PARTS.iter().zip(pairs512::PARTS) {
+        for at in (0..512).step_by(4) {
+            let element = pairs512::element(at);
+            let from = part.values + element % 256;
+            pair[values + at..values + at + 4]
+                .copy_from_slice(&blocks[element / 256][from..from + 4]);
+        }
+        for lane in 0..16 {
+            let d = &blocks[lane / 8][part.d..part.d + 4];
+            pair[scales + 4 * lane..scales + 4 * lane + 4].copy_from_slice(d);
+        }
+    }
+    let [hi, lo] = split256::PARTS;
+    for lane in 0..16 {
+        let block = &blocks[lane / 8];
+        let sub_block = |values: usize| {
+            let start = values + 32 * (lane % 8);
+            sum(&block[start..start + 32])
+        };
+        let sum = block_sum(
+            f32_at(block, hi.d),
+            sub_block(hi.values),
+            f32_at(block, lo.d),
+            sub_block(lo.values),
+        );
+        let at = pairs512::SUMS + 4 * lane;
+        pair[at..at + 4].copy_from_slice(&sum.to_le_bytes());
     }
 }
 

@@ -1,4 +1,6 @@
-//! AVX-512 dot products of Q4_K and Q5_K with SplitQ8Block256 activations.
+//! AVX-512 dot products of Q5_K with SplitQ8Block256 activations, on GGUF's blocks. (Q4_K's
+//! AVX-512 kernel takes its weights repacked: see `repacked_q4_k`, whose layout needs half the
+//! multiplies of this one; Q5_K, which no model here uses, has not been repacked yet.)
 //!
 //! Where 512-bit integer multiplies issue on two ports (as on Sapphire Rapids, where this was
 //! measured), a 512-bit vector covers two sub-blocks at the cost of one 256-bit multiply, and the
@@ -14,9 +16,8 @@ use crate::activation::split256;
 use crate::bytes::f32_at;
 use crate::simd::{array, dpwssd512, f16_at, load256, load512, prefetch_ahead_of_rows, sum_f32x16};
 
-/// The shared body of Q4_K and Q5_K, for one weight row and `R` activation rows, `PARTS` parts
-/// of each: `fifth_bits(w)` gives, per chunk of nibbles, the 16s to add to its values (zero for
-/// Q4_K).
+/// Q5_K's body, for one weight row and `R` activation rows, `PARTS` parts of each:
+/// `fifth_bits(w)` gives, per chunk of nibbles, the 16s to add to its values.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
 fn dot_with_mins<const BYTES: usize, const NIBBLES: usize, const PARTS: usize, const R: usize>(
@@ -99,19 +100,6 @@ fn q5_k_fifth_bits(w: &[u8; 176]) -> [__m512i; 4] {
         );
         _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, select), sixteen)
     })
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q4_k_rows::<PARTS, 1>(weight, [activation])[0]
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) fn dot_q4_k_rows<const PARTS: usize, const R: usize>(
-    weight: &[u8],
-    activations: [&[u8]; R],
-) -> [f32; R] {
-    dot_with_mins::<144, 16, PARTS, R>(weight, activations, |_| [_mm512_setzero_si512(); 4])
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]

@@ -1,5 +1,7 @@
 //! The K-quants Q4_K, Q5_K and Q6_K: 256-element super-blocks of sub-blocks that each have a
-//! quantized scale. Their dot products take [`ActivationFormat::SplitQ8Block256`] activations.
+//! quantized scale. Their dot products take [`ActivationFormat::SplitQ8Block256`] activations,
+//! except the AVX-512 kernels of Q4_K and Q6_K, which take their weights repacked at load
+//! (`repacked_q4_k`, `repacked_q6_k`) and activations in the matching layouts.
 //!
 //! - Q4_K (144 bytes): `d`, `dmin` (`f16`), 12 bytes packing eight 6-bit scales and eight 6-bit
 //!   minimums, 128 bytes of nibbles. Sub-block `s` of 32 is `d * scale[s] * q - dmin * min[s]`;
@@ -12,9 +14,11 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(target_arch = "x86_64")]
 mod avx512_mins;
+#[cfg(target_arch = "x86_64")]
+mod repacked_q4_k;
+#[cfg(target_arch = "x86_64")]
+mod repacked_q6_k;
 
 use lucebox_gguf::GgmlType;
 
@@ -22,7 +26,9 @@ use crate::activation::{ActivationFormat, split256, sums_of_16};
 use crate::bytes::{f16_at, f32_at};
 use crate::format::Format;
 #[cfg(target_arch = "x86_64")]
-use crate::format::{Avx2Rows, Avx512Rows, ByPrecision, DotFn, Tile, by_parts, rows_kernel};
+use crate::format::{
+    Avx2Rows, Avx512Rows, ByPrecision, DotFn, Repacked, Tile, by_parts, rows_kernel,
+};
 
 /// The eight 6-bit scales and eight 6-bit minimums packed in the 12 bytes of Q4_K and Q5_K.
 pub(crate) fn scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -155,9 +161,14 @@ impl Format for Q4K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx2Rows<Q4K>>());
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512_mins::dot_q4_k);
-    #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<Q4K>>());
+    const AVX512_REPACKED: Option<Repacked> = Some(Repacked {
+        activation: ActivationFormat::SplitQ8Pairs512,
+        unit_len: 512,
+        unit_bytes: repacked_q4_k::UNIT_BYTES,
+        repack: repacked_q4_k::repack_q4_k,
+        dot: by_parts!(repacked_q4_k::dot_q4_k),
+        tile: Tile::of::<Q4KRepacked>(),
+    });
 }
 
 /// Q5_K: see the module documentation.
@@ -228,17 +239,30 @@ impl Format for Q6K {
     }
     #[cfg(target_arch = "x86_64")]
     const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::dot_q6_k);
+    // With AVX2's 16 vector registers, four rows spill and gain under 10%: no AVX2 tile.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512::dot_q6_k);
-    // With AVX2's 16 vector registers, four rows spill and gain under 10%.
-    #[cfg(target_arch = "x86_64")]
-    const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<Q6K>>());
+    const AVX512_REPACKED: Option<Repacked> = Some(Repacked {
+        activation: ActivationFormat::SplitQ8Lanes256,
+        unit_len: 256,
+        unit_bytes: repacked_q6_k::BLOCK_BYTES,
+        repack: repacked_q6_k::repack_q6_k,
+        dot: by_parts!(repacked_q6_k::dot_q6_k),
+        tile: Tile::of::<Q6KRepacked>(),
+    });
 }
+
+/// Q4_K's AVX-512 kernels for several rows, on repacked weights.
+#[cfg(target_arch = "x86_64")]
+struct Q4KRepacked;
+
+/// Q6_K's AVX-512 kernels for several rows, on repacked weights.
+#[cfg(target_arch = "x86_64")]
+struct Q6KRepacked;
 
 rows_kernel! {
     Avx2Rows<Q4K> => avx2::dot_q4_k_rows, 4;
     Avx2Rows<Q5K> => avx2::dot_q5_k_rows, 4;
-    Avx512Rows<Q4K> => avx512_mins::dot_q4_k_rows, 8;
     Avx512Rows<Q5K> => avx512_mins::dot_q5_k_rows, 8;
-    Avx512Rows<Q6K> => avx512::dot_q6_k_rows, 8;
+    Q4KRepacked => repacked_q4_k::dot_q4_k_rows, 8;
+    Q6KRepacked => repacked_q6_k::dot_q6_k_rows, 8;
 }
