@@ -152,19 +152,11 @@ fn random_weights(ty: GgmlType, rows: usize, n: usize) -> Vec<u8> {
 
 /// The weights as `format`'s kernels take them: repacked where the format repacks.
 fn kernel_weights<'a>(format: &WeightFormat, gguf: &'a [u8], n: usize) -> Cow<'a, [u8]> {
-    if !format.repacks() {
-        return Cow::Borrowed(gguf);
+    if format.repacks() {
+        Cow::Owned(format.repack_rows(gguf, n))
+    } else {
+        Cow::Borrowed(gguf)
     }
-    let gguf_row = format
-        .ggml_type()
-        .bytes_for(n as u64)
-        .expect("whole blocks") as usize;
-    let row = format.kernel_row_bytes(n);
-    let mut out = vec![0; gguf.len() / gguf_row * row];
-    for (gguf, out) in gguf.chunks_exact(gguf_row).zip(out.chunks_exact_mut(row)) {
-        format.repack_row(gguf, out);
-    }
-    Cow::Owned(out)
 }
 
 struct Measurement {

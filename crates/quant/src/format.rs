@@ -461,6 +461,29 @@ impl WeightFormat {
         }
     }
 
+    /// [`repack_row`](Self::repack_row) for every row of `gguf_rows`, rows of `cols` elements
+    /// back to back.
+    ///
+    /// # Panics
+    /// When `cols` is not a whole number of blocks or `gguf_rows` not a whole number of rows.
+    pub fn repack_rows(&self, gguf_rows: &[u8], cols: usize) -> Vec<u8> {
+        let gguf_row = self.gguf_row_bytes(cols);
+        assert!(
+            gguf_row > 0 && gguf_rows.len().is_multiple_of(gguf_row),
+            "{} weight bytes are not whole rows of {cols} elements",
+            gguf_rows.len()
+        );
+        let row = self.kernel_row_bytes(cols);
+        let mut out = vec![0; gguf_rows.len() / gguf_row * row];
+        for (gguf, out) in gguf_rows
+            .chunks_exact(gguf_row)
+            .zip(out.chunks_exact_mut(row))
+        {
+            self.repack_row(gguf, out);
+        }
+        out
+    }
+
     /// The dot product of one weight row (as the kernels take it, see
     /// [`repacks`](Self::repacks)) with one quantized activation row of the same length.
     ///

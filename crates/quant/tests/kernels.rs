@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, kernel_rows, random_activations, random_row};
+use common::{Rng, random_activations, random_row};
 use lucebox_quant::{
     ActivationFormat, ActivationPrecision, GgmlType, Isa, UnsupportedType, WeightFormat,
 };
@@ -128,7 +128,7 @@ impl Case {
     /// and of the activations quantized in its own layout (the same values as the case's at
     /// `format`'s precision).
     fn dot(&self, format: &WeightFormat) -> f32 {
-        let row = kernel_rows(format, &self.row, self.x.len());
+        let row = format.repack_rows(&self.row, self.x.len());
         let mut activation = vec![0; format.activation_format().row_bytes(self.x.len())];
         format.quantize_activation(&self.x, &mut activation);
         format.dot(&row, &activation)
@@ -582,7 +582,7 @@ fn zero_activations_give_zero() {
         for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
             let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
             let n = 512;
-            let row = kernel_rows(&format, &random_row(&mut Rng::new(1), ty, n), n);
+            let row = format.repack_rows(&random_row(&mut Rng::new(1), ty, n), n);
             let mut q = vec![0xa5; format.activation_format().row_bytes(n)];
             format.quantize_activation(&vec![0.0; n], &mut q);
             assert_eq!(format.dot(&row, &q), 0.0, "{ty} {isa} {precision:?}");
@@ -618,7 +618,7 @@ fn unsupported_types_are_named() {
 fn dot_rejects_an_activation_row_of_another_length() {
     let format = WeightFormat::new(GgmlType::Q4K, Isa::detect()).unwrap();
     let row = random_row(&mut Rng::new(1), GgmlType::Q4K, 512);
-    let row = kernel_rows(&format, &row, 512);
+    let row = format.repack_rows(&row, 512);
     let activation = vec![0; format.activation_format().row_bytes(1024)];
     format.dot(&row, &activation);
 }
@@ -648,7 +648,7 @@ fn dot_rows_and_dot_matrix_equal_dot_row_by_row() {
                 let mut rng = Rng::new(n as u64 + 1);
                 let weight_rows: Vec<u8> =
                     (0..3).flat_map(|_| random_row(&mut rng, ty, n)).collect();
-                let weight_rows = kernel_rows(&format, &weight_rows, n);
+                let weight_rows = format.repack_rows(&weight_rows, n);
                 let weight_bytes = format.kernel_row_bytes(n);
                 let row = &weight_rows[..weight_bytes];
                 let row_bytes = format.activation_format().row_bytes(n);
@@ -688,11 +688,7 @@ fn dot_rows_and_dot_matrix_equal_dot_row_by_row() {
 #[should_panic(expected = "activation bytes for 3 rows")]
 fn dot_rows_rejects_a_missing_row() {
     let format = WeightFormat::new(GgmlType::Q4K, Isa::detect()).unwrap();
-    let row = kernel_rows(
-        &format,
-        &random_row(&mut Rng::new(1), GgmlType::Q4K, 256),
-        256,
-    );
+    let row = format.repack_rows(&random_row(&mut Rng::new(1), GgmlType::Q4K, 256), 256);
     let activations = vec![0; format.activation_format().row_bytes(256) * 2];
     format.dot_rows(&row, &activations, &mut [0.0; 3]);
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{Rng, kernel_rows, random_activations, random_row};
+use common::{Rng, random_activations, random_row};
 use lucebox_gguf::GgufFile;
 use lucebox_quant::{GgmlType, Isa, WeightFormat};
 
@@ -108,7 +108,7 @@ fn check_dots(jobs: &[Rows], references: &[Vec<f32>]) {
         for isa in Isa::ALL.iter().copied().filter(|isa| isa.is_available()) {
             let format = WeightFormat::new(job.ty, isa).unwrap();
             let row_bytes = format.kernel_row_bytes(job.n);
-            let kernel_rows = kernel_rows(&format, &job.bytes, job.n);
+            let kernel_rows = format.repack_rows(&job.bytes, job.n);
             let activation_format = format.activation_format();
             let mut activation = vec![0; activation_format.row_bytes(job.n)];
             format.quantize_activation(&x, &mut activation);

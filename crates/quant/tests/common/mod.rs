@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use lucebox_quant::{GgmlType, WeightFormat};
+use lucebox_quant::GgmlType;
 
 /// A small deterministic generator (xorshift64*), so that failures reproduce.
 pub struct Rng(u64);
@@ -94,18 +94,4 @@ pub fn random_activations(rng: &mut Rng, n: usize) -> Vec<f32> {
             }
         })
         .collect()
-}
-
-/// Rows of GGUF's blocks as `format`'s kernels take them (repacked where the format repacks).
-pub fn kernel_rows(format: &WeightFormat, gguf: &[u8], n: usize) -> Vec<u8> {
-    let gguf_row = format
-        .ggml_type()
-        .bytes_for(n as u64)
-        .expect("whole blocks") as usize;
-    let row = format.kernel_row_bytes(n);
-    let mut out = vec![0; gguf.len() / gguf_row * row];
-    for (gguf, out) in gguf.chunks_exact(gguf_row).zip(out.chunks_exact_mut(row)) {
-        format.repack_row(gguf, out);
-    }
-    out
 }
