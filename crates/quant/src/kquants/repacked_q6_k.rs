@@ -16,9 +16,8 @@
 
 use std::arch::x86_64::*;
 
-use super::q6_k_values;
 use crate::activation::{lanes256_element, split256};
-use crate::bytes::f32_at;
+use crate::bytes::{f32_at, u32_at};
 use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows, sum_f32x16};
 
 /// Bytes in one block.
@@ -29,17 +28,27 @@ const SCALES: usize = 192;
 const D: usize = 208;
 
 /// Repacks one row of GGUF Q6_K blocks into `out`, as many blocks.
+///
+/// GGUF's element `i` (`h = i / 128`, `k = i % 128 / 32`, `l = i % 32`) has its low nibble in
+/// byte `64h + 32(k % 2) + l` (the high nibble for `k >= 2`) and its top two bits at bit `2k` of
+/// byte `128 + 32h + l`. A lane's four bytes of one vector are four consecutive elements, so
+/// they move as one `u32`.
 pub(crate) fn repack_q6_k(gguf: &[u8], out: &mut [u8]) {
     let blocks = gguf.as_chunks::<BLOCK_BYTES>().0;
     for (block, repacked) in blocks.iter().zip(out.as_chunks_mut::<BLOCK_BYTES>().0) {
-        repacked[..HIGH_BITS + 64].fill(0);
+        repacked[..SCALES].fill(0);
         repacked[SCALES..].copy_from_slice(&block[SCALES..]);
-        let values = q6_k_values(block);
-        for at in 0..256 {
-            let value = (values[lanes256_element(at)] + 32) as u8;
-            let (vector, byte) = (at / 64, at % 64);
-            repacked[64 * (vector / 2) + byte] |= (value & 0x0f) << (4 * (vector % 2));
-            repacked[HIGH_BITS + byte] |= (value >> 4) << (2 * vector);
+        for (vector, lane) in (0..4).flat_map(|vector| (0..16).map(move |lane| (vector, lane))) {
+            let element = lanes256_element(64 * vector + 4 * lane);
+            let (half, k, l) = (element / 128, element % 128 / 32, element % 32);
+            let low = u32_at(block, 64 * half + 32 * (k % 2) + l) >> (4 * (k / 2)) & 0x0f0f_0f0f;
+            let high = u32_at(block, HIGH_BITS + 32 * half + l) >> (2 * k) & 0x0303_0303;
+            let at = 64 * (vector / 2) + 4 * lane;
+            let low = u32_at(repacked, at) | low << (4 * (vector % 2));
+            repacked[at..at + 4].copy_from_slice(&low.to_le_bytes());
+            let at = HIGH_BITS + 4 * lane;
+            let high = u32_at(repacked, at) | high << (2 * vector);
+            repacked[at..at + 4].copy_from_slice(&high.to_le_bytes());
         }
     }
 }
