@@ -3,8 +3,8 @@
 //! For each matrix shape it quantizes one activation row, then takes the dot product of every
 //! weight row with it, over and over, and prints GB/s of weight bytes read and rows per second.
 //! With `--batch B` it quantizes B activation rows and takes each weight row's dot products with
-//! all of them at once (`WeightFormat::dot_rows`, as in a prefill); rows/s then counts dot
-//! products (weight rows times activation rows) per second. Each row of the table is one
+//! all of them at once (`WeightFormat::dot_matrix` over runs of rows, as a prefill's matmuls);
+//! rows/s then counts dot products (weight rows times activation rows) per second. Each row of the table is one
 //! activation precision (`--precisions`, both by default: the single-part figures beside the
 //! split ones of the same run).
 //! Shapes: `l1` (about 16 KiB of weights: the arithmetic alone), `l2` (about 512 KiB),
@@ -184,8 +184,8 @@ fn measure(
             .collect();
         format.quantize_activation(&x, activation);
     }
-    let mut out = vec![0.0; options.batch];
     let chunk_rows = (CHUNK_BYTES / row_bytes).max(1);
+    let mut out = vec![0.0; chunk_rows * options.batch];
     let chunks: Vec<&[u8]> = weights.chunks(chunk_rows * row_bytes).collect();
     let mut best = vec![Duration::MAX; chunks.len()];
     let budget = Duration::from_secs_f64(options.seconds);
@@ -194,16 +194,17 @@ fn measure(
     while passes < 3 || start.elapsed() < budget {
         for (chunk, best) in chunks.iter().zip(&mut best) {
             let chunk_start = Instant::now();
-            let mut sum = 0.0;
-            for row in chunk.chunks_exact(row_bytes) {
-                if options.batch == 1 {
+            if options.batch == 1 {
+                let mut sum = 0.0;
+                for row in chunk.chunks_exact(row_bytes) {
                     sum += format.dot(black_box(row), &activations);
-                } else {
-                    format.dot_rows(black_box(row), &activations, &mut out);
-                    sum += out[0];
                 }
+                black_box(sum);
+            } else {
+                let out = &mut out[..chunk.len() / row_bytes * options.batch];
+                format.dot_matrix(black_box(chunk), row_bytes, &activations, out);
+                black_box(out);
             }
-            black_box(sum);
             *best = (*best).min(chunk_start.elapsed());
         }
         passes += 1;

@@ -76,13 +76,19 @@ pub(crate) struct Tile {
 pub(crate) trait RowsKernel {
     /// The most rows whose sums fit the vector registers.
     const MAX_ROWS: usize;
+    /// Each weight row of `row_bytes` in `weights` with the `R` activation rows:
+    /// `out[w * stride + i]` for weight row `w` and activation row `i`.
+    ///
     /// # Safety
-    /// The CPU has the kernel's instruction set, and each activation row holds as many elements
-    /// as `weight`.
+    /// The CPU has the kernel's instruction set, each activation row holds as many elements as a
+    /// weight row, and `out` holds `stride * (weight rows - 1) + R` values.
     unsafe fn dot<const PARTS: usize, const R: usize>(
-        weight: &[u8],
+        weights: &[u8],
+        row_bytes: usize,
         activations: [&[u8]; R],
-    ) -> [f32; R];
+        out: &mut [f32],
+        stride: usize,
+    );
 }
 
 impl Tile {
@@ -102,7 +108,7 @@ impl Tile {
     }
 }
 
-/// Runs `K::dot::<PARTS, R>` for `R = rows` on each weight row.
+/// Runs `K::dot::<PARTS, R>` with `R = rows`.
 ///
 /// # Safety
 /// As [`RowsKernel::dot`], `rows` is between 1 and `K::MAX_ROWS`, and `out` holds
@@ -120,7 +126,7 @@ unsafe fn dot_tile<K: RowsKernel, const PARTS: usize>(
     ///
     /// # Safety
     /// As `dot_tile`, with `R` rows.
-    unsafe fn each_row<K: RowsKernel, const PARTS: usize, const R: usize>(
+    unsafe fn split_rows<K: RowsKernel, const PARTS: usize, const R: usize>(
         weights: &[u8],
         row_bytes: usize,
         activations: &[u8],
@@ -130,24 +136,21 @@ unsafe fn dot_tile<K: RowsKernel, const PARTS: usize>(
         let bytes = activations.len() / R;
         let activations: [&[u8]; R] =
             std::array::from_fn(|i| &activations[i * bytes..(i + 1) * bytes]);
-        for (w, weight) in weights.chunks_exact(row_bytes).enumerate() {
-            // SAFETY: the caller's conditions are the kernel's.
-            let dots = unsafe { K::dot::<PARTS, R>(weight, activations) };
-            out[w * stride..w * stride + R].copy_from_slice(&dots);
-        }
+        // SAFETY: the caller's conditions are the kernel's.
+        unsafe { K::dot::<PARTS, R>(weights, row_bytes, activations, out, stride) }
     }
     let (w, a, o) = (weights, activations, out);
     // SAFETY: the caller's conditions, with `R = rows`.
     unsafe {
         match rows {
-            1 => each_row::<K, PARTS, 1>(w, row_bytes, a, o, stride),
-            2 => each_row::<K, PARTS, 2>(w, row_bytes, a, o, stride),
-            3 => each_row::<K, PARTS, 3>(w, row_bytes, a, o, stride),
-            4 => each_row::<K, PARTS, 4>(w, row_bytes, a, o, stride),
-            5 => each_row::<K, PARTS, 5>(w, row_bytes, a, o, stride),
-            6 => each_row::<K, PARTS, 6>(w, row_bytes, a, o, stride),
-            7 => each_row::<K, PARTS, 7>(w, row_bytes, a, o, stride),
-            8 => each_row::<K, PARTS, 8>(w, row_bytes, a, o, stride),
+            1 => split_rows::<K, PARTS, 1>(w, row_bytes, a, o, stride),
+            2 => split_rows::<K, PARTS, 2>(w, row_bytes, a, o, stride),
+            3 => split_rows::<K, PARTS, 3>(w, row_bytes, a, o, stride),
+            4 => split_rows::<K, PARTS, 4>(w, row_bytes, a, o, stride),
+            5 => split_rows::<K, PARTS, 5>(w, row_bytes, a, o, stride),
+            6 => split_rows::<K, PARTS, 6>(w, row_bytes, a, o, stride),
+            7 => split_rows::<K, PARTS, 7>(w, row_bytes, a, o, stride),
+            8 => split_rows::<K, PARTS, 8>(w, row_bytes, a, o, stride),
             rows => unreachable!("a tile of {rows} rows"),
         }
     }
@@ -168,11 +171,17 @@ macro_rules! rows_kernel {
         impl $crate::format::RowsKernel for $kernels {
             const MAX_ROWS: usize = $max_rows;
             unsafe fn dot<const PARTS: usize, const R: usize>(
-                weight: &[u8],
+                weights: &[u8],
+                row_bytes: usize,
                 activations: [&[u8]; R],
-            ) -> [f32; R] {
-                // SAFETY: the caller checked the CPU and the lengths.
-                unsafe { $($dot)::+::<PARTS, R>(weight, activations) }
+                out: &mut [f32],
+                stride: usize,
+            ) {
+                for (w, weight) in weights.chunks_exact(row_bytes).enumerate() {
+                    // SAFETY: the caller checked the CPU and the lengths.
+                    let dots = unsafe { $($dot)::+::<PARTS, R>(weight, activations) };
+                    out[w * stride..w * stride + R].copy_from_slice(&dots);
+                }
             }
         }
     )*};

@@ -641,13 +641,17 @@ fn dequantize_rejects_a_short_source() {
 
 #[test]
 fn dot_rows_and_dot_matrix_equal_dot_row_by_row() {
+    const WEIGHT_ROWS: usize = 9;
     for &ty in WeightFormat::supported_types() {
         for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
             let format = WeightFormat::with_precision(ty, isa, precision).unwrap();
             for n in lengths(ty) {
                 let mut rng = Rng::new(n as u64 + 1);
-                let weight_rows: Vec<u8> =
-                    (0..3).flat_map(|_| random_row(&mut rng, ty, n)).collect();
+                // Nine rows: a group of eight that the repacked kernels carry across column
+                // blocks, and one more.
+                let weight_rows: Vec<u8> = (0..WEIGHT_ROWS)
+                    .flat_map(|_| random_row(&mut rng, ty, n))
+                    .collect();
                 let weight_rows = format.repack_rows(&weight_rows, n);
                 let weight_bytes = format.kernel_row_bytes(n);
                 let row = &weight_rows[..weight_bytes];
@@ -659,7 +663,7 @@ fn dot_rows_and_dot_matrix_equal_dot_row_by_row() {
                     }
                     let mut out = vec![f32::NAN; count];
                     format.dot_rows(row, &activations, &mut out);
-                    let mut matrix = vec![f32::NAN; 3 * count];
+                    let mut matrix = vec![f32::NAN; WEIGHT_ROWS * count];
                     format.dot_matrix(&weight_rows, weight_bytes, &activations, &mut matrix);
                     for (i, activation) in activations.chunks_exact(row_bytes).enumerate() {
                         let context =

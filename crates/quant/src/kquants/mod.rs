@@ -1,7 +1,8 @@
 //! The K-quants Q4_K, Q5_K and Q6_K: 256-element super-blocks of sub-blocks that each have a
 //! quantized scale. Their dot products take [`ActivationFormat::SplitQ8Block256`] activations,
 //! except the AVX-512 kernels of Q4_K and Q6_K, which take their weights repacked at load
-//! (`repacked_q4_k`, `repacked_q6_k`) and activations in the matching layouts.
+//! (`repacked_q4_k`, `repacked_q6_k`, the loops they share in `repacked`) and activations in the
+//! matching layouts.
 //!
 //! - Q4_K (144 bytes): `d`, `dmin` (`f16`), 12 bytes packing eight 6-bit scales and eight 6-bit
 //!   minimums, 128 bytes of nibbles. Sub-block `s` of 32 is `d * scale[s] * q - dmin * min[s]`;
@@ -16,6 +17,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512_mins;
 #[cfg(target_arch = "x86_64")]
+mod repacked;
+#[cfg(target_arch = "x86_64")]
 mod repacked_q4_k;
 #[cfg(target_arch = "x86_64")]
 mod repacked_q6_k;
@@ -29,6 +32,10 @@ use crate::format::Format;
 use crate::format::{
     Avx2Rows, Avx512Rows, ByPrecision, DotFn, Repacked, Tile, by_parts, rows_kernel,
 };
+#[cfg(target_arch = "x86_64")]
+use repacked_q4_k::Q4KUnits;
+#[cfg(target_arch = "x86_64")]
+use repacked_q6_k::Q6KBlocks;
 
 /// The eight 6-bit scales and eight 6-bit minimums packed in the 12 bytes of Q4_K and Q5_K.
 pub(crate) fn scales_and_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
@@ -166,8 +173,11 @@ impl Format for Q4K {
         unit_len: 512,
         unit_bytes: repacked_q4_k::UNIT_BYTES,
         repack: repacked_q4_k::repack_q4_k,
-        dot: by_parts!(repacked_q4_k::dot_q4_k),
-        tile: Tile::of::<Q4KRepacked>(),
+        dot: ByPrecision {
+            split: repacked::dot::<Q4KUnits, 2>,
+            single: repacked::dot::<Q4KUnits, 1>,
+        },
+        tile: Tile::of::<repacked::Rows<Q4KUnits>>(),
     });
 }
 
@@ -246,23 +256,16 @@ impl Format for Q6K {
         unit_len: 256,
         unit_bytes: repacked_q6_k::BLOCK_BYTES,
         repack: repacked_q6_k::repack_q6_k,
-        dot: by_parts!(repacked_q6_k::dot_q6_k),
-        tile: Tile::of::<Q6KRepacked>(),
+        dot: ByPrecision {
+            split: repacked::dot::<Q6KBlocks, 2>,
+            single: repacked::dot::<Q6KBlocks, 1>,
+        },
+        tile: Tile::of::<repacked::Rows<Q6KBlocks>>(),
     });
 }
-
-/// Q4_K's AVX-512 kernels for several rows, on repacked weights.
-#[cfg(target_arch = "x86_64")]
-struct Q4KRepacked;
-
-/// Q6_K's AVX-512 kernels for several rows, on repacked weights.
-#[cfg(target_arch = "x86_64")]
-struct Q6KRepacked;
 
 rows_kernel! {
     Avx2Rows<Q4K> => avx2::dot_q4_k_rows, 4;
     Avx2Rows<Q5K> => avx2::dot_q5_k_rows, 4;
     Avx512Rows<Q5K> => avx512_mins::dot_q5_k_rows, 8;
-    Q4KRepacked => repacked_q4_k::dot_q4_k_rows, 8;
-    Q6KRepacked => repacked_q6_k::dot_q6_k_rows, 8;
 }

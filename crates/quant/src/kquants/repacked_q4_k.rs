@@ -19,10 +19,11 @@
 
 use std::arch::x86_64::*;
 
+use super::repacked::UnitSums;
 use super::scales_and_mins;
 use crate::activation::pairs512;
 use crate::bytes::u32_at;
-use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows, sum_f32x16};
+use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows};
 
 /// Bytes in one unit of two blocks.
 pub(crate) const UNIT_BYTES: usize = 296;
@@ -75,27 +76,43 @@ fn lanes_u8(unit: &[u8; UNIT_BYTES], at: usize) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(load128(array(unit, at))))
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q4_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q4_k_rows::<PARTS, 1>(weight, [activation])[0]
+/// Q4_K's kernel on units.
+pub(crate) struct Q4KUnits;
+
+impl UnitSums for Q4KUnits {
+    const UNIT_BYTES: usize = UNIT_BYTES;
+    const ACTIVATION_BYTES: usize = pairs512::BYTES;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn sums<const PARTS: usize, const R: usize>(
+        weight: &[u8],
+        activations: [&[u8]; R],
+        acc: [__m512; R],
+    ) -> [__m512; R] {
+        sums::<PARTS, R>(weight, activations, acc)
+    }
 }
 
-/// Q4_K in units with `R` activation rows, the weights unpacked once for `PARTS` parts of each.
+/// [`UnitSums::sums`] of Q4_K, the weights unpacked once for `PARTS` parts of each row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q4_k_rows<const PARTS: usize, const R: usize>(
+#[inline]
+fn sums<const PARTS: usize, const R: usize>(
     weight: &[u8],
     activations: [&[u8]; R],
-) -> [f32; R] {
+    mut acc: [__m512; R],
+) -> [__m512; R] {
+    // Closures would not inherit this function's target features: plain loops.
+    let mut rows = [&[][..]; R];
+    for (rows, a) in rows.iter_mut().zip(activations) {
+        *rows = a.as_chunks::<{ pairs512::BYTES }>().0;
+    }
     let units = weight.as_chunks::<UNIT_BYTES>().0;
-    let rows = activations.map(|a| a.as_chunks::<{ pairs512::BYTES }>().0);
     let low_nibbles = _mm512_set1_epi8(0x0f);
-    let mut acc = [_mm512_setzero_ps(); R];
     for (i, unit) in units.iter().enumerate() {
         prefetch_ahead_of_rows::<R>(unit);
         let scales = _mm512_mul_ps(per_block(unit, 0, 4), lanes_u8(unit, SCALES));
         let mins = _mm512_mul_ps(per_block(unit, 2, 6), lanes_u8(unit, MINS));
         let mins = _mm512_sub_ps(_mm512_setzero_ps(), mins);
-        // Closures would not inherit this function's target features: plain loops.
         let mut q = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             let packed = load512(array(unit, NIBBLES + 64 * j));
@@ -123,5 +140,5 @@ pub(crate) fn dot_q4_k_rows<const PARTS: usize, const R: usize>(
             }
         }
     }
-    acc.map(|acc| sum_f32x16(acc))
+    acc
 }

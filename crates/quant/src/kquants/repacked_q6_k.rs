@@ -16,9 +16,10 @@
 
 use std::arch::x86_64::*;
 
+use super::repacked::UnitSums;
 use crate::activation::{lanes256_element, split256};
 use crate::bytes::{f32_at, u32_at};
-use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows, sum_f32x16};
+use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows};
 
 /// Bytes in one block.
 pub(crate) const BLOCK_BYTES: usize = 210;
@@ -60,21 +61,38 @@ fn low_nibbles_or(a: __m512i, b: __m512i) -> __m512i {
     _mm512_ternarylogic_epi32(a, _mm512_set1_epi8(0x0f), b, 0xea)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q6_k<const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
-    dot_q6_k_rows::<PARTS, 1>(weight, [activation])[0]
+/// Q6_K's kernel on repacked blocks.
+pub(crate) struct Q6KBlocks;
+
+impl UnitSums for Q6KBlocks {
+    const UNIT_BYTES: usize = BLOCK_BYTES;
+    const ACTIVATION_BYTES: usize = split256::BYTES;
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn sums<const PARTS: usize, const R: usize>(
+        weight: &[u8],
+        activations: [&[u8]; R],
+        acc: [__m512; R],
+    ) -> [__m512; R] {
+        sums::<PARTS, R>(weight, activations, acc)
+    }
 }
 
-/// Q6_K repacked with `R` activation rows, the weights unpacked once for `PARTS` parts of each.
+/// [`UnitSums::sums`] of Q6_K, the weights unpacked once for `PARTS` parts of each row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(crate) fn dot_q6_k_rows<const PARTS: usize, const R: usize>(
+#[inline]
+fn sums<const PARTS: usize, const R: usize>(
     weight: &[u8],
     activations: [&[u8]; R],
-) -> [f32; R] {
+    mut acc: [__m512; R],
+) -> [__m512; R] {
+    // Closures would not inherit this function's target features: plain loops.
+    let mut rows = [&[][..]; R];
+    for (rows, a) in rows.iter_mut().zip(activations) {
+        *rows = a.as_chunks::<{ split256::BYTES }>().0;
+    }
     let blocks = weight.as_chunks::<BLOCK_BYTES>().0;
-    let rows = activations.map(|a| a.as_chunks::<{ split256::BYTES }>().0);
     let bits_4_5 = _mm512_set1_epi8(0x30);
-    let mut acc = [_mm512_setzero_ps(); R];
     for (i, w) in blocks.iter().enumerate() {
         prefetch_ahead_of_rows::<R>(w);
         let scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(array(w, SCALES))));
@@ -119,5 +137,5 @@ pub(crate) fn dot_q6_k_rows<const PARTS: usize, const R: usize>(
             }
         }
     }
-    acc.map(|acc| sum_f32x16(acc))
+    acc
 }

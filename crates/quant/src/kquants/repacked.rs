@@ -1,0 +1,111 @@
+//! What the repacked AVX-512 kernels share: the loops over weight rows, activation rows and
+//! column blocks around a kernel's sums of one weight row (`repacked_q4_k`, `repacked_q6_k`).
+//!
+//! Rows much longer than the model's width (`ffn_down`'s 8,960) have activations that, at eight
+//! rows, do not fit L1 (90 KiB at one part): each weight row read them again from L2, and eight
+//! rows ran no faster than one. Such rows are taken in column blocks whose activations fit, a
+//! group of weight rows at a time, their sums kept between blocks; each sum still adds the same
+//! products in the same order, so the results do not change.
+
+use std::arch::x86_64::*;
+
+use crate::format::RowsKernel;
+use crate::simd::{sum_f32x16, sums_f32x16};
+
+/// One repacked format's kernel: a weight row's products with `R` activation rows.
+pub(crate) trait UnitSums {
+    /// Bytes in one unit of repacked weights.
+    const UNIT_BYTES: usize;
+    /// Bytes of one activation row over the elements of one unit.
+    const ACTIVATION_BYTES: usize;
+    /// `acc` plus the products of the units in `weight` with the same columns of each activation
+    /// row, summed lane by lane.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 VNNI (the features of [`dot_rows`]), and each activation row holds
+    /// `ACTIVATION_BYTES` for each unit of `weight`.
+    unsafe fn sums<const PARTS: usize, const R: usize>(
+        weight: &[u8],
+        activations: [&[u8]; R],
+        acc: [__m512; R],
+    ) -> [__m512; R];
+}
+
+/// Activation bytes of all rows that a column block may span: Zen 4's L1 (Sapphire Rapids has
+/// 48 KiB). On Sapphire Rapids at eight rows of `ffn_down`, budgets from 10 to 40 KB ran within
+/// 5% of each other (Q4_K, 3 units at two parts), 60 KB no faster than no blocks; `ffn_up`'s
+/// 29 KB of activations (Q4_K, two parts) ran 5% slower in two blocks than in one.
+const BLOCK_ACTIVATION_BYTES: usize = 32 << 10;
+/// Weight rows whose sums a column block carries: 8 rows of 8 vectors, 4 KiB.
+const GROUP_ROWS: usize = 8;
+
+/// The dot product of one weight row with one activation row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(crate) fn dot<K: UnitSums, const PARTS: usize>(weight: &[u8], activation: &[u8]) -> f32 {
+    // SAFETY: this function has the kernel's features; the caller checked the lengths.
+    let [sums] = unsafe { K::sums::<PARTS, 1>(weight, [activation], [_mm512_setzero_ps()]) };
+    sum_f32x16(sums)
+}
+
+/// Each row of `weights` with `R` activation rows, as [`RowsKernel::dot`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn dot_rows<K: UnitSums, const PARTS: usize, const R: usize>(
+    weights: &[u8],
+    row_bytes: usize,
+    activations: [&[u8]; R],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let units = row_bytes / K::UNIT_BYTES;
+    let block = (BLOCK_ACTIVATION_BYTES / (R * K::ACTIVATION_BYTES)).clamp(1, units);
+    // The sums of one block stay in registers.
+    if block == units {
+        for (weight, out) in weights.chunks_exact(row_bytes).zip(out.chunks_mut(stride)) {
+            let zero = [_mm512_setzero_ps(); R];
+            // SAFETY: this function has the kernel's features; the caller checked the lengths.
+            let acc = unsafe { K::sums::<PARTS, R>(weight, activations, zero) };
+            out[..R].copy_from_slice(&sums_f32x16(acc));
+        }
+        return;
+    }
+    let group_bytes = GROUP_ROWS * row_bytes;
+    for (group, out) in weights
+        .chunks(group_bytes)
+        .zip(out.chunks_mut(GROUP_ROWS * stride))
+    {
+        let mut acc = [[_mm512_setzero_ps(); R]; GROUP_ROWS];
+        for first in (0..units).step_by(block) {
+            let columns = first..(first + block).min(units);
+            let weight_bytes = columns.start * K::UNIT_BYTES..columns.end * K::UNIT_BYTES;
+            let mut x = [&[][..]; R];
+            for (x, a) in x.iter_mut().zip(activations) {
+                *x = &a[columns.start * K::ACTIVATION_BYTES..columns.end * K::ACTIVATION_BYTES];
+            }
+            for (weight, acc) in group.chunks_exact(row_bytes).zip(&mut acc) {
+                // SAFETY: this function has the kernel's features; `x` spans the same units.
+                *acc = unsafe { K::sums::<PARTS, R>(&weight[weight_bytes.clone()], x, *acc) };
+            }
+        }
+        let rows = group.len() / row_bytes;
+        for (acc, out) in acc[..rows].iter().zip(out.chunks_mut(stride)) {
+            out[..R].copy_from_slice(&sums_f32x16(*acc));
+        }
+    }
+}
+
+/// The rows kernel of a repacked format.
+pub(crate) struct Rows<K>(std::marker::PhantomData<K>);
+
+impl<K: UnitSums> RowsKernel for Rows<K> {
+    const MAX_ROWS: usize = 8;
+    unsafe fn dot<const PARTS: usize, const R: usize>(
+        weights: &[u8],
+        row_bytes: usize,
+        activations: [&[u8]; R],
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        // SAFETY: the caller checked the CPU and the lengths.
+        unsafe { dot_rows::<K, PARTS, R>(weights, row_bytes, activations, out, stride) }
+    }
+}
