@@ -226,13 +226,18 @@ pub(crate) trait Format {
 #[derive(Clone, Copy)]
 pub(crate) struct Repacked {
     pub(crate) activation: ActivationFormat,
-    /// Elements and bytes in one unit.
-    pub(crate) unit_len: usize,
-    pub(crate) unit_bytes: usize,
-    /// Writes one row of GGUF's blocks as units, the last one padded with zero weights.
-    pub(crate) repack: fn(&[u8], &mut [u8]),
+    pub(crate) units: Units,
     pub(crate) dot: ByPrecision<DotFn>,
     pub(crate) tile: ByPrecision<Tile>,
+}
+
+/// A repacked layout: units of `len` elements in `bytes` bytes, which `repack` writes from one
+/// row of GGUF's blocks, its last unit padded with zero weights.
+#[derive(Clone, Copy)]
+pub(crate) struct Units {
+    pub(crate) len: usize,
+    pub(crate) bytes: usize,
+    pub(crate) repack: fn(&[u8], &mut [u8]),
 }
 
 /// Declares the supported formats, once.
@@ -259,13 +264,7 @@ weight_formats!(
 enum Layout {
     /// GGUF's blocks, in place.
     Gguf,
-    /// Units of `unit_len` elements in `unit_bytes` bytes, which `repack` writes from one row
-    /// of GGUF's blocks, its last unit padded with zero weights.
-    Repacked {
-        unit_len: usize,
-        unit_bytes: usize,
-        repack: fn(&[u8], &mut [u8]),
-    },
+    Repacked(Units),
 }
 
 #[derive(Clone, Copy)]
@@ -287,11 +286,7 @@ impl Kernels {
                 activation: repacked.activation,
                 dequantize: F::dequantize,
                 quantize_activation: repacked.activation.quantizer(precision, isa),
-                layout: Layout::Repacked {
-                    unit_len: repacked.unit_len,
-                    unit_bytes: repacked.unit_bytes,
-                    repack: repacked.repack,
-                },
+                layout: Layout::Repacked(repacked.units),
                 dot: repacked.dot.get(precision),
                 tile: Some(repacked.tile.get(precision)),
             };
@@ -435,7 +430,7 @@ impl WeightFormat {
     /// rather than GGUF's blocks in place: Q4_K and Q6_K with AVX-512, whose kernels read
     /// each sub-block's values from one vector lane.
     pub fn repacks(&self) -> bool {
-        matches!(self.kernels.layout, Layout::Repacked { .. })
+        matches!(self.kernels.layout, Layout::Repacked(_))
     }
 
     /// The bytes of a weight row of `cols` elements as the kernels take it: GGUF's, or those of
@@ -447,11 +442,7 @@ impl WeightFormat {
         let gguf = self.gguf_row_bytes(cols);
         match self.kernels.layout {
             Layout::Gguf => gguf,
-            Layout::Repacked {
-                unit_len,
-                unit_bytes,
-                ..
-            } => cols.div_ceil(unit_len) * unit_bytes,
+            Layout::Repacked(units) => cols.div_ceil(units.len) * units.bytes,
         }
     }
 
@@ -466,7 +457,7 @@ impl WeightFormat {
         assert_eq!(out.len(), self.kernel_row_bytes(cols), "repacked row bytes");
         match self.kernels.layout {
             Layout::Gguf => out.copy_from_slice(gguf_row),
-            Layout::Repacked { repack, .. } => repack(gguf_row, out),
+            Layout::Repacked(units) => (units.repack)(gguf_row, out),
         }
     }
 
@@ -476,6 +467,18 @@ impl WeightFormat {
     /// # Panics
     /// When `cols` is not a whole number of blocks or `gguf_rows` not a whole number of rows.
     pub fn repack_rows(&self, gguf_rows: &[u8], cols: usize) -> Vec<u8> {
+        let rows = gguf_rows.len() / self.gguf_row_bytes(cols).max(1);
+        let mut out = vec![0; rows * self.kernel_row_bytes(cols)];
+        self.repack_rows_into(gguf_rows, cols, &mut out);
+        out
+    }
+
+    /// [`repack_rows`](Self::repack_rows) into `out`, which holds as many rows as the kernels
+    /// take them.
+    ///
+    /// # Panics
+    /// As `repack_rows`, and when `out` does not hold as many rows.
+    pub fn repack_rows_into(&self, gguf_rows: &[u8], cols: usize, out: &mut [u8]) {
         let gguf_row = self.gguf_row_bytes(cols);
         assert!(
             gguf_row > 0 && gguf_rows.len().is_multiple_of(gguf_row),
@@ -483,14 +486,17 @@ impl WeightFormat {
             gguf_rows.len()
         );
         let row = self.kernel_row_bytes(cols);
-        let mut out = vec![0; gguf_rows.len() / gguf_row * row];
+        assert_eq!(
+            out.len(),
+            gguf_rows.len() / gguf_row * row,
+            "repacked bytes of {cols}-element rows"
+        );
         for (gguf, out) in gguf_rows
             .chunks_exact(gguf_row)
             .zip(out.chunks_exact_mut(row))
         {
             self.repack_row(gguf, out);
         }
-        out
     }
 
     /// The dot product of one weight row (as the kernels take it, see
@@ -624,11 +630,7 @@ impl WeightFormat {
     fn activation_row_bytes(&self, weight_row: &[u8]) -> usize {
         let (unit_len, unit_bytes) = match self.kernels.layout {
             Layout::Gguf => (self.ty.block_len() as usize, self.ty.block_bytes() as usize),
-            Layout::Repacked {
-                unit_len,
-                unit_bytes,
-                ..
-            } => (unit_len, unit_bytes),
+            Layout::Repacked(units) => (units.len, units.bytes),
         };
         assert!(
             weight_row.len().is_multiple_of(unit_bytes),

@@ -168,17 +168,7 @@ impl Format for Q4K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx2Rows<Q4K>>());
     #[cfg(target_arch = "x86_64")]
-    const AVX512_REPACKED: Option<Repacked> = Some(Repacked {
-        activation: ActivationFormat::SplitQ8Pairs512,
-        unit_len: 512,
-        unit_bytes: repacked_q4_k::UNIT_BYTES,
-        repack: repacked_q4_k::repack_q4_k,
-        dot: ByPrecision {
-            split: repacked::dot::<Q4KUnits, 2>,
-            single: repacked::dot::<Q4KUnits, 1>,
-        },
-        tile: Tile::of::<repacked::Rows<Q4KUnits>>(),
-    });
+    const AVX512_REPACKED: Option<Repacked> = Some(repacked::kernels::<Q4KUnits>());
 }
 
 /// Q5_K: see the module documentation.
@@ -251,17 +241,7 @@ impl Format for Q6K {
     const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::dot_q6_k);
     // With AVX2's 16 vector registers, four rows spill and gain under 10%: no AVX2 tile.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_REPACKED: Option<Repacked> = Some(Repacked {
-        activation: ActivationFormat::SplitQ8Lanes256,
-        unit_len: 256,
-        unit_bytes: repacked_q6_k::BLOCK_BYTES,
-        repack: repacked_q6_k::repack_q6_k,
-        dot: ByPrecision {
-            split: repacked::dot::<Q6KBlocks, 2>,
-            single: repacked::dot::<Q6KBlocks, 1>,
-        },
-        tile: Tile::of::<repacked::Rows<Q6KBlocks>>(),
-    });
+    const AVX512_REPACKED: Option<Repacked> = Some(repacked::kernels::<Q6KBlocks>());
 }
 
 rows_kernel! {

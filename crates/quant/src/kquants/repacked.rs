@@ -9,15 +9,23 @@
 
 use std::arch::x86_64::*;
 
-use crate::format::RowsKernel;
+use crate::activation::ActivationFormat;
+use crate::format::{ByPrecision, Repacked, RowsKernel, Tile, Units};
 use crate::simd::{sum_f32x16, sums_f32x16};
 
-/// One repacked format's kernel: a weight row's products with `R` activation rows.
+/// One repacked format: its layout, and its kernel of a weight row's products with `R`
+/// activation rows.
 pub(crate) trait UnitSums {
+    /// The activations' layout.
+    const ACTIVATION: ActivationFormat;
+    /// Elements in one unit.
+    const UNIT_LEN: usize;
     /// Bytes in one unit of repacked weights.
     const UNIT_BYTES: usize;
     /// Bytes of one activation row over the elements of one unit.
     const ACTIVATION_BYTES: usize;
+    /// Writes one row of GGUF's blocks as units, the last one padded with zero weights.
+    fn repack(gguf: &[u8], out: &mut [u8]);
     /// `acc` plus the products of the units in `weight` with the same columns of each activation
     /// row, summed lane by lane.
     ///
@@ -38,6 +46,23 @@ pub(crate) trait UnitSums {
 const BLOCK_ACTIVATION_BYTES: usize = 32 << 10;
 /// Weight rows whose sums a column block carries: 8 rows of 8 vectors, 4 KiB.
 const GROUP_ROWS: usize = 8;
+
+/// The kernels of the repacked format `K`.
+pub(crate) const fn kernels<K: UnitSums>() -> Repacked {
+    Repacked {
+        activation: K::ACTIVATION,
+        units: Units {
+            len: K::UNIT_LEN,
+            bytes: K::UNIT_BYTES,
+            repack: K::repack,
+        },
+        dot: ByPrecision {
+            split: dot::<K, 2>,
+            single: dot::<K, 1>,
+        },
+        tile: Tile::of::<Rows<K>>(),
+    }
+}
 
 /// The dot product of one weight row with one activation row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -94,7 +119,7 @@ fn dot_rows<K: UnitSums, const PARTS: usize, const R: usize>(
 }
 
 /// The rows kernel of a repacked format.
-pub(crate) struct Rows<K>(std::marker::PhantomData<K>);
+struct Rows<K>(std::marker::PhantomData<K>);
 
 impl<K: UnitSums> RowsKernel for Rows<K> {
     const MAX_ROWS: usize = 8;

@@ -21,12 +21,12 @@ use std::arch::x86_64::*;
 
 use super::repacked::UnitSums;
 use super::scales_and_mins;
-use crate::activation::pairs512;
+use crate::activation::{ActivationFormat, pairs512};
 use crate::bytes::u32_at;
 use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows};
 
 /// Bytes in one unit of two blocks.
-pub(crate) const UNIT_BYTES: usize = 296;
+const UNIT_BYTES: usize = 296;
 /// GGUF's bytes in one Q4_K block.
 const BLOCK_BYTES: usize = 144;
 /// Offsets within a unit.
@@ -36,7 +36,7 @@ const NIBBLES: usize = 40;
 
 /// Repacks one row of GGUF Q4_K blocks into `out`, `gguf.len() / 144` blocks rounded up to
 /// whole units.
-pub(crate) fn repack_q4_k(gguf: &[u8], out: &mut [u8]) {
+fn repack_q4_k(gguf: &[u8], out: &mut [u8]) {
     let blocks = gguf.as_chunks::<BLOCK_BYTES>().0;
     let units = out.as_chunks_mut::<UNIT_BYTES>().0;
     for (pair, unit) in blocks.chunks(2).zip(units) {
@@ -80,8 +80,13 @@ fn lanes_u8(unit: &[u8; UNIT_BYTES], at: usize) -> __m512 {
 pub(crate) struct Q4KUnits;
 
 impl UnitSums for Q4KUnits {
+    const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Pairs512;
+    const UNIT_LEN: usize = 512;
     const UNIT_BYTES: usize = UNIT_BYTES;
     const ACTIVATION_BYTES: usize = pairs512::BYTES;
+    fn repack(gguf: &[u8], out: &mut [u8]) {
+        repack_q4_k(gguf, out)
+    }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn sums<const PARTS: usize, const R: usize>(

@@ -17,12 +17,12 @@
 use std::arch::x86_64::*;
 
 use super::repacked::UnitSums;
-use crate::activation::{lanes256_element, split256};
+use crate::activation::{ActivationFormat, lanes256_element, split256};
 use crate::bytes::{f32_at, u32_at};
 use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows};
 
 /// Bytes in one block.
-pub(crate) const BLOCK_BYTES: usize = 210;
+const BLOCK_BYTES: usize = 210;
 /// Offsets within a block.
 const HIGH_BITS: usize = 128;
 const SCALES: usize = 192;
@@ -34,7 +34,7 @@ const D: usize = 208;
 /// byte `64h + 32(k % 2) + l` (the high nibble for `k >= 2`) and its top two bits at bit `2k` of
 /// byte `128 + 32h + l`. A lane's four bytes of one vector are four consecutive elements, so
 /// they move as one `u32`.
-pub(crate) fn repack_q6_k(gguf: &[u8], out: &mut [u8]) {
+fn repack_q6_k(gguf: &[u8], out: &mut [u8]) {
     let blocks = gguf.as_chunks::<BLOCK_BYTES>().0;
     for (block, repacked) in blocks.iter().zip(out.as_chunks_mut::<BLOCK_BYTES>().0) {
         repacked[..SCALES].fill(0);
@@ -65,8 +65,13 @@ fn low_nibbles_or(a: __m512i, b: __m512i) -> __m512i {
 pub(crate) struct Q6KBlocks;
 
 impl UnitSums for Q6KBlocks {
+    const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Lanes256;
+    const UNIT_LEN: usize = 256;
     const UNIT_BYTES: usize = BLOCK_BYTES;
     const ACTIVATION_BYTES: usize = split256::BYTES;
+    fn repack(gguf: &[u8], out: &mut [u8]) {
+        repack_q6_k(gguf, out)
+    }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn sums<const PARTS: usize, const R: usize>(
