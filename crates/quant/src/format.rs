@@ -427,8 +427,8 @@ impl WeightFormat {
     }
 
     /// Whether the kernels take weight rows repacked by [`repack_row`](Self::repack_row)
-    /// rather than GGUF's blocks in place: Q4_K and Q6_K with AVX-512, whose kernels read
-    /// each sub-block's values from one vector lane.
+    /// rather than GGUF's blocks in place: Q4_K, Q6_K and Q5_0 with AVX-512, whose kernels
+    /// read each sub-block's (Q5_0: block's) values from one vector lane.
     pub fn repacks(&self) -> bool {
         matches!(self.kernels.layout, Layout::Repacked(_))
     }
@@ -529,11 +529,11 @@ impl WeightFormat {
     /// The dot products of one weight row with several quantized activation rows, stored back to
     /// back: `out[i]` is [`dot`](Self::dot) of the weight row with activation row `i`.
     ///
-    /// Formats with a kernel for several rows (on x86-64: Q4_K and Q5_K, and Q6_K with AVX-512)
-    /// unpack each weight block once for up to [`tile_rows`](Self::tile_rows) activation rows,
-    /// which makes a prefill's and a speculative verify's matmuls cheaper; the others take the
-    /// rows one by one. Either way the results equal `dot`'s, bit
-    /// for bit.
+    /// Formats with a kernel for several rows (on x86-64: Q4_K and Q5_K, and with AVX-512 the
+    /// K-quants and the legacy formats) unpack each weight block once for up to
+    /// [`tile_rows`](Self::tile_rows) activation rows, which makes a prefill's and a speculative
+    /// verify's matmuls cheaper; the others take the rows one by one. Either way the results
+    /// equal `dot`'s, bit for bit.
     ///
     /// # Panics
     /// When `weight_row` is not a whole number of blocks or `activation_rows` does not hold

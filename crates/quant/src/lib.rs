@@ -39,6 +39,8 @@ mod isa;
 mod kquants;
 mod legacy;
 #[cfg(target_arch = "x86_64")]
+mod repacked;
+#[cfg(target_arch = "x86_64")]
 mod simd;
 
 pub use activation::{ActivationFormat, ActivationPrecision};

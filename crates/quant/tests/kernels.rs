@@ -526,6 +526,61 @@ fn pair_activations_are_the_blocks_rearranged() {
     }
 }
 
+/// Where Q5_0 repacks (AVX-512), its activations are the portable quantizer's 32-element blocks
+/// laid out by lane as `SplitQ8Lanes32` documents, and dequantize to the same values.
+#[test]
+fn block_lane_activations_are_the_blocks_rearranged() {
+    let lanes = ActivationFormat::SplitQ8Lanes32;
+    let blocks = ActivationFormat::SplitQ8Block32;
+    let f32_at =
+        |bytes: &[u8], at: usize| f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    for (isa, precision) in available_isas().flat_map(|isa| PRECISIONS.map(|p| (isa, p))) {
+        let format = WeightFormat::with_precision(GgmlType::Q5_0, isa, precision).unwrap();
+        if !format.repacks() {
+            continue;
+        }
+        assert_eq!(format.activation_format(), lanes);
+        let scalar = WeightFormat::with_precision(GgmlType::Q5_0, Isa::Scalar, precision).unwrap();
+        // 28 blocks, as a row of Qwen2.5-0.5B: the second unit's last four lanes are padding.
+        let mut x = activations_with_edge_cases(19, 128);
+        x.truncate(896);
+        let n = x.len();
+        assert_eq!(n, 896);
+        let (mut q, mut reference) = (vec![0; lanes.row_bytes(n)], vec![0; blocks.row_bytes(n)]);
+        format.quantize_activation(&x, &mut q);
+        scalar.quantize_activation(&x, &mut reference);
+        let mut expected = vec![0.0; n];
+        blocks.dequantize(&reference, &mut expected);
+        let sums: Vec<f32> = reference.chunks_exact(76).map(|b| f32_at(b, 72)).collect();
+        let reference = SplitBlock::read(blocks, &reference);
+        let context = format!("{isa} {precision:?}");
+        for (u, unit) in q.chunks_exact(lanes.block_bytes()).enumerate() {
+            for lane in 0..16 {
+                let index = 16 * u + lane;
+                let block = reference.get(index);
+                for (part, (values, scales)) in [(0, 1088), (512, 1152)].into_iter().enumerate() {
+                    let d = block.map_or(0.0, |b| [b.d_hi, b.d_lo][part]);
+                    assert_eq!(f32_at(unit, scales + 4 * lane), d, "{context} unit {u}");
+                    for (vector, byte) in (0..8).flat_map(|k| (0..4).map(move |b| (k, b))) {
+                        let value = unit[values + 64 * vector + 4 * lane + byte] as i8;
+                        let expected = block.map_or(0, |b| [&b.hi, &b.lo][part][4 * vector + byte]);
+                        assert_eq!(value, expected, "{context} unit {u} lane {lane}");
+                    }
+                }
+                let expected = sums.get(index).copied().unwrap_or(0.0);
+                assert_eq!(
+                    f32_at(unit, 1024 + 4 * lane),
+                    expected,
+                    "{context} unit {u}"
+                );
+            }
+        }
+        let mut back = vec![0.0; n];
+        lanes.dequantize(&q, &mut back);
+        assert_eq!(back, expected, "{context}");
+    }
+}
+
 /// Where Q6_K repacks (AVX-512), its activations are the portable quantizer's 256-element
 /// blocks with each part's values laid out by lane as `SplitQ8Lanes256` documents, the sums
 /// and scales unchanged, and dequantize to the same values.

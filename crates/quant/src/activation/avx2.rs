@@ -4,7 +4,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{block_sum, quantize_pairs, scale_of, split32, split256, to_lanes};
+use super::{
+    block_sum, quantize_block_lanes, quantize_pairs, scale_of, split32, split256, to_lanes,
+};
 use crate::simd::{array, array_mut, load_f32s, max_f32x8, store256, sum_i32x8};
 
 /// Four vectors of eight values.
@@ -146,6 +148,12 @@ pub(super) fn quantize_split256<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn quantize_pairs512<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
     quantize_pairs(x, dst, |x, blocks| quantize_split256::<PARTS>(x, blocks));
+}
+
+/// [`quantize_split32`]'s blocks laid out as `SplitQ8Lanes32`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn quantize_lanes32<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
+    quantize_block_lanes(x, dst, |x, blocks| quantize_split32::<PARTS>(x, blocks));
 }
 
 /// [`quantize_split256`]'s blocks with their values laid out as `SplitQ8Lanes256`.

@@ -44,6 +44,10 @@ use crate::isa::Isa;
 ///   of lane `l`'s sub-block. Then, per lane, `d_hi * sum(hi) + d_lo * sum(lo)` of its sub-block
 ///   (16 `f32` at 1024), its block's `d_hi` (16 `f32` at 1088) and `d_lo` (16 `f32` at 1152). A row
 ///   of an odd number of 256-element blocks ends with a pair whose second block is zero.
+/// - `SplitQ8Lanes32` (1216 bytes per 512 elements): sixteen `SplitQ8Block32` blocks (quantized
+///   as such) laid out as `SplitQ8Pairs512`, lane `l` standing for block `l`: byte `4l + b` of
+///   vector `k` of each part is element `4k + b` of block `l`, and the lane's sum, `d_hi` and
+///   `d_lo` are its block's. A row whose length is not a multiple of 512 ends with zero blocks.
 ///
 /// All multi-byte fields are little-endian.
 ///
@@ -64,6 +68,8 @@ pub enum ActivationFormat {
     SplitQ8Lanes256,
     /// Pairs of `SplitQ8Block256` blocks laid out by AVX-512 lane, for Q4_K's AVX-512 kernel.
     SplitQ8Pairs512,
+    /// Sixteen `SplitQ8Block32` blocks laid out by AVX-512 lane, for Q5_0's AVX-512 kernel.
+    SplitQ8Lanes32,
 }
 
 /// How finely the integer activation formats quantize, chosen per matrix.
@@ -177,7 +183,7 @@ impl ActivationFormat {
             ActivationFormat::F32 => 1,
             ActivationFormat::SplitQ8Block32 => 32,
             ActivationFormat::SplitQ8Block256 | ActivationFormat::SplitQ8Lanes256 => 256,
-            ActivationFormat::SplitQ8Pairs512 => 512,
+            ActivationFormat::SplitQ8Pairs512 | ActivationFormat::SplitQ8Lanes32 => 512,
         }
     }
 
@@ -189,7 +195,7 @@ impl ActivationFormat {
             ActivationFormat::SplitQ8Block256 | ActivationFormat::SplitQ8Lanes256 => {
                 split256::BYTES
             }
-            ActivationFormat::SplitQ8Pairs512 => pairs512::BYTES,
+            ActivationFormat::SplitQ8Pairs512 | ActivationFormat::SplitQ8Lanes32 => pairs512::BYTES,
         }
     }
 
@@ -197,12 +203,17 @@ impl ActivationFormat {
     ///
     /// # Panics
     /// When `n` is not a multiple of [`block_len`](Self::block_len), or for `SplitQ8Pairs512`
-    /// of 256.
+    /// of 256 and for `SplitQ8Lanes32` of 32: their last block may be partly padding.
     pub fn row_bytes(self, n: usize) -> usize {
-        if self == ActivationFormat::SplitQ8Pairs512 {
+        let padded = match self {
+            ActivationFormat::SplitQ8Pairs512 => Some(256),
+            ActivationFormat::SplitQ8Lanes32 => Some(32),
+            _ => None,
+        };
+        if let Some(quantum) = padded {
             assert!(
-                n.is_multiple_of(256),
-                "{n} activations are not a whole number of 256-element blocks"
+                n.is_multiple_of(quantum),
+                "{n} activations are not a whole number of {quantum}-element blocks"
             );
             return n.div_ceil(512) * pairs512::BYTES;
         }
@@ -250,7 +261,9 @@ impl ActivationFormat {
                     }
                 }
             }
-            ActivationFormat::SplitQ8Pairs512 => dequantize_pairs(src, dst),
+            ActivationFormat::SplitQ8Pairs512 | ActivationFormat::SplitQ8Lanes32 => {
+                dequantize_pairs(src, dst)
+            }
         }
     }
 
@@ -269,6 +282,8 @@ impl ActivationFormat {
                 (ActivationFormat::SplitQ8Lanes256, Single) => avx2::quantize_lanes256::<1>,
                 (ActivationFormat::SplitQ8Pairs512, Split) => avx2::quantize_pairs512::<2>,
                 (ActivationFormat::SplitQ8Pairs512, Single) => avx2::quantize_pairs512::<1>,
+                (ActivationFormat::SplitQ8Lanes32, Split) => avx2::quantize_lanes32::<2>,
+                (ActivationFormat::SplitQ8Lanes32, Single) => avx2::quantize_lanes32::<1>,
             };
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -283,6 +298,8 @@ impl ActivationFormat {
             (ActivationFormat::SplitQ8Lanes256, Single) => quantize_lanes256::<1>,
             (ActivationFormat::SplitQ8Pairs512, Split) => quantize_pairs512::<2>,
             (ActivationFormat::SplitQ8Pairs512, Single) => quantize_pairs512::<1>,
+            (ActivationFormat::SplitQ8Lanes32, Split) => quantize_lanes32::<2>,
+            (ActivationFormat::SplitQ8Lanes32, Single) => quantize_lanes32::<1>,
         }
     }
 }
@@ -406,6 +423,47 @@ fn quantize_split32<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
         }
         let sum = block_sum(d_hi, sum(&hi), d_lo, sum(&lo));
         block[split32::SUM..split32::SUM + 4].copy_from_slice(&sum.to_le_bytes());
+    }
+}
+
+fn quantize_lanes32<const PARTS: usize>(x: &[f32], dst: &mut [u8]) {
+    quantize_block_lanes(x, dst, quantize_split32::<PARTS>);
+}
+
+/// Quantizes a row into [`ActivationFormat::SplitQ8Lanes32`] with `quantize32`, a
+/// `SplitQ8Block32` quantizer, so that the values and scales are that quantizer's.
+#[inline]
+pub(crate) fn quantize_block_lanes(
+    x: &[f32],
+    dst: &mut [u8],
+    quantize32: impl Fn(&[f32], &mut [u8]),
+) {
+    let units = dst.as_chunks_mut::<{ pairs512::BYTES }>().0;
+    for (x, unit) in x.chunks(512).zip(units) {
+        let mut blocks = [[0; split32::BYTES]; 16];
+        let len = x.len() / 32 * split32::BYTES;
+        quantize32(x, &mut blocks.as_flattened_mut()[..len]);
+        rearrange_blocks(&blocks, unit);
+    }
+}
+
+/// Lays out sixteen `SplitQ8Block32` blocks as a `SplitQ8Lanes32` unit.
+fn rearrange_blocks(blocks: &[[u8; split32::BYTES]; 16], unit: &mut [u8; pairs512::BYTES]) {
+    for (part, (values, scales)) in split32::PARTS.iter().zip(pairs512::PARTS) {
+        for at in (0..512).step_by(4) {
+            let element = pairs512::element(at);
+            let from = part.values + element % 32;
+            unit[values + at..values + at + 4]
+                .copy_from_slice(&blocks[element / 32][from..from + 4]);
+        }
+        for (lane, block) in blocks.iter().enumerate() {
+            unit[scales + 4 * lane..scales + 4 * lane + 4]
+                .copy_from_slice(&block[part.d..part.d + 4]);
+        }
+    }
+    for (lane, block) in blocks.iter().enumerate() {
+        let at = pairs512::SUMS + 4 * lane;
+        unit[at..at + 4].copy_from_slice(&block[split32::SUM..split32::SUM + 4]);
     }
 }
 

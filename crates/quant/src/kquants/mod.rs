@@ -1,7 +1,7 @@
 //! The K-quants Q4_K, Q5_K and Q6_K: 256-element super-blocks of sub-blocks that each have a
 //! quantized scale. Their dot products take [`ActivationFormat::SplitQ8Block256`] activations,
 //! except the AVX-512 kernels of Q4_K and Q6_K, which take their weights repacked at load
-//! (`repacked_q4_k`, `repacked_q6_k`, the loops they share in `repacked`) and activations in the
+//! (`repacked_q4_k`, `repacked_q6_k`, the loops they share in `crate::repacked`) and activations in the
 //! matching layouts.
 //!
 //! - Q4_K (144 bytes): `d`, `dmin` (`f16`), 12 bytes packing eight 6-bit scales and eight 6-bit
@@ -16,8 +16,6 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512_mins;
-#[cfg(target_arch = "x86_64")]
-mod repacked;
 #[cfg(target_arch = "x86_64")]
 mod repacked_q4_k;
 #[cfg(target_arch = "x86_64")]
@@ -168,7 +166,7 @@ impl Format for Q4K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx2Rows<Q4K>>());
     #[cfg(target_arch = "x86_64")]
-    const AVX512_REPACKED: Option<Repacked> = Some(repacked::kernels::<Q4KUnits>());
+    const AVX512_REPACKED: Option<Repacked> = Some(crate::repacked::kernels::<Q4KUnits>());
 }
 
 /// Q5_K: see the module documentation.
@@ -241,7 +239,7 @@ impl Format for Q6K {
     const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::dot_q6_k);
     // With AVX2's 16 vector registers, four rows spill and gain under 10%: no AVX2 tile.
     #[cfg(target_arch = "x86_64")]
-    const AVX512_REPACKED: Option<Repacked> = Some(repacked::kernels::<Q6KBlocks>());
+    const AVX512_REPACKED: Option<Repacked> = Some(crate::repacked::kernels::<Q6KBlocks>());
 }
 
 rows_kernel! {

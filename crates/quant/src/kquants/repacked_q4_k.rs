@@ -19,10 +19,10 @@
 
 use std::arch::x86_64::*;
 
-use super::repacked::UnitSums;
 use super::scales_and_mins;
 use crate::activation::{ActivationFormat, pairs512};
 use crate::bytes::u32_at;
+use crate::repacked::UnitSums;
 use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows};
 
 /// Bytes in one unit of two blocks.

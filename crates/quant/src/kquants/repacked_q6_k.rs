@@ -16,9 +16,9 @@
 
 use std::arch::x86_64::*;
 
-use super::repacked::UnitSums;
 use crate::activation::{ActivationFormat, lanes256_element, split256};
 use crate::bytes::{f32_at, u32_at};
+use crate::repacked::UnitSums;
 use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows};
 
 /// Bytes in one block.

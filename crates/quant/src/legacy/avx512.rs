@@ -232,7 +232,6 @@ macro_rules! legacy_kernels {
 legacy_kernels! {
     dot_q4_0, dot_q4_0_rows: 18, Bias::Offset(-8.0), |w| nibbles(array(w, 2));
     dot_q4_1, dot_q4_1_rows: 20, Bias::Min, |w| nibbles(array(w, 4));
-    dot_q5_0, dot_q5_0_rows: 22, Bias::Offset(-16.0), |w| five_bit_values(array(w, 6), array(w, 2));
     dot_q5_1, dot_q5_1_rows: 24, Bias::Min, |w| five_bit_values(array(w, 8), array(w, 4));
     // Q8_0's signed values are made unsigned by flipping their sign bit.
     dot_q8_0, dot_q8_0_rows: 34, Bias::Offset(-128.0), |w| _mm512_xor_si512(

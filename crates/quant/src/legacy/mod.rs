@@ -2,12 +2,16 @@
 //!
 //! Each block holds an `f16` scale `d`, for the affine formats an `f16` minimum `m`, and 32
 //! quantized values `q`: element `i` is `d * q[i]` (with `q` offset to be signed) or
-//! `d * q[i] + m`. Their dot products take [`ActivationFormat::SplitQ8Block32`] activations.
+//! `d * q[i] + m`. Their dot products take [`ActivationFormat::SplitQ8Block32`] activations,
+//! except Q5_0's AVX-512 kernel, which takes its weights repacked at load (`repacked_q5_0`) and
+//! activations in the matching layout.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod repacked_q5_0;
 
 use lucebox_gguf::GgmlType;
 
@@ -15,7 +19,7 @@ use crate::activation::{ActivationFormat, split32};
 use crate::bytes::{f16_at, f32_at, u32_at};
 use crate::format::Format;
 #[cfg(target_arch = "x86_64")]
-use crate::format::{Avx512Rows, ByPrecision, DotFn, Tile, by_parts, rows_kernel};
+use crate::format::{Avx512Rows, ByPrecision, DotFn, Repacked, Tile, by_parts, rows_kernel};
 
 /// A block unpacked by the portable code.
 struct Unpacked {
@@ -161,9 +165,11 @@ impl Legacy for Q8_0 {
     }
 }
 
-/// Implements [`Format`] for the legacy formats, whose portable kernels are generic.
+/// Implements [`Format`] for the legacy formats, whose portable kernels are generic. Each names
+/// its AVX2 kernel, then its AVX-512 kernels: `gguf(dot, rows)` on GGUF's blocks, or
+/// `repacked(units)`, a [`UnitSums`](crate::repacked::UnitSums) on weights repacked at load.
 macro_rules! legacy_formats {
-    ($($format:ident: $avx2:ident, $avx512:ident, $avx512_rows:ident;)*) => {$(
+    ($($format:ident: $avx2:ident, $avx512:ident $kernels:tt;)*) => {$(
         impl Format for $format {
             const TYPE: GgmlType = GgmlType::$format;
             const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Block32;
@@ -175,21 +181,32 @@ macro_rules! legacy_formats {
             }
             #[cfg(target_arch = "x86_64")]
             const AVX2_DOT: ByPrecision<DotFn> = by_parts!(avx2::$avx2);
-            #[cfg(target_arch = "x86_64")]
-            const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512::$avx512);
-            #[cfg(target_arch = "x86_64")]
-            const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<$format>>());
+            legacy_formats!(@$avx512 $format $kernels);
         }
-        rows_kernel! {
-            Avx512Rows<$format> => avx512::$avx512_rows, 8;
-        }
+        legacy_formats!(@$avx512 rows $format $kernels);
     )*};
+    (@gguf rows $format:ident ($dot:ident, $rows:ident)) => {
+        rows_kernel! {
+            Avx512Rows<$format> => avx512::$rows, 8;
+        }
+    };
+    (@gguf $format:ident ($dot:ident, $rows:ident)) => {
+        #[cfg(target_arch = "x86_64")]
+        const AVX512_DOT: ByPrecision<DotFn> = by_parts!(avx512::$dot);
+        #[cfg(target_arch = "x86_64")]
+        const AVX512_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx512Rows<$format>>());
+    };
+    (@repacked rows $format:ident ($units:ty)) => {};
+    (@repacked $format:ident ($units:ty)) => {
+        #[cfg(target_arch = "x86_64")]
+        const AVX512_REPACKED: Option<Repacked> = Some(crate::repacked::kernels::<$units>());
+    };
 }
 
 legacy_formats! {
-    Q4_0: dot_q4_0, dot_q4_0, dot_q4_0_rows;
-    Q4_1: dot_q4_1, dot_q4_1, dot_q4_1_rows;
-    Q5_0: dot_q5_0, dot_q5_0, dot_q5_0_rows;
-    Q5_1: dot_q5_1, dot_q5_1, dot_q5_1_rows;
-    Q8_0: dot_q8_0, dot_q8_0, dot_q8_0_rows;
+    Q4_0: dot_q4_0, gguf(dot_q4_0, dot_q4_0_rows);
+    Q4_1: dot_q4_1, gguf(dot_q4_1, dot_q4_1_rows);
+    Q5_0: dot_q5_0, repacked(repacked_q5_0::Q5_0Lanes);
+    Q5_1: dot_q5_1, gguf(dot_q5_1, dot_q5_1_rows);
+    Q8_0: dot_q8_0, gguf(dot_q8_0, dot_q8_0_rows);
 }

@@ -1,5 +1,6 @@
 //! What the repacked AVX-512 kernels share: the loops over weight rows, activation rows and
-//! column blocks around a kernel's sums of one weight row (`repacked_q4_k`, `repacked_q6_k`).
+//! column blocks around a kernel's sums of one weight row (`kquants::repacked_q4_k`,
+//! `kquants::repacked_q6_k`, `legacy::repacked_q5_0`).
 //!
 //! Rows much longer than the model's width (`ffn_down`'s 8,960) have activations that, at eight
 //! rows, do not fit L1 (90 KiB at one part): each weight row read them again from L2, and eight
