@@ -9,10 +9,11 @@
 //! products in the same order, so the results do not change.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
-use crate::activation::ActivationFormat;
+use crate::activation::{ActivationFormat, pairs512};
 use crate::format::{ByPrecision, Repacked, RowsKernel, Tile, Units};
-use crate::simd::{sum_f32x16, sums_f32x16};
+use crate::simd::{array, load512, prefetch_ahead_of_rows, sum_f32x16, sums_f32x16};
 
 /// One repacked format: its layout, and its kernel of a weight row's products with `R`
 /// activation rows.
@@ -38,6 +39,96 @@ pub(crate) trait UnitSums {
         activations: [&[u8]; R],
         acc: [__m512; R],
     ) -> [__m512; R];
+}
+
+/// A format repacked as sixteen 32-element lanes to a 512-element unit (Q4_K, Q5_0). Its
+/// activations, `SplitQ8Pairs512` or `SplitQ8Lanes32`, have the same bytes, so one loop
+/// ([`ByLane`]) multiplies them all; each format only unpacks its units.
+pub(crate) trait Lanes32 {
+    /// The activations' layout.
+    const ACTIVATION: ActivationFormat;
+    /// Bytes in one unit of repacked weights.
+    const UNIT_BYTES: usize;
+    /// Writes one row of GGUF's blocks as units, the last one padded with zero weights.
+    fn repack(gguf: &[u8], out: &mut [u8]);
+    /// One unit of `UNIT_BYTES`, unpacked.
+    ///
+    /// # Safety
+    /// The CPU has the features of [`dot_rows`].
+    unsafe fn unpack(unit: &[u8]) -> LaneUnit;
+}
+
+/// A [`Lanes32`] unit unpacked: a weight is `scale * value + offset`, per lane.
+pub(crate) struct LaneUnit {
+    /// Eight vectors of unsigned values: byte `4l + b` of vector `k` is element `4k + b` of
+    /// lane `l`.
+    pub(crate) values: [__m512i; 8],
+    pub(crate) scales: __m512,
+    /// What each lane's activation sum is multiplied by: the offset (minus Q4_K's minimum,
+    /// minus 16 times Q5_0's scale).
+    pub(crate) offsets: __m512,
+}
+
+/// The [`UnitSums`] of a [`Lanes32`] format.
+pub(crate) struct ByLane<K>(PhantomData<K>);
+
+impl<K: Lanes32> UnitSums for ByLane<K> {
+    const ACTIVATION: ActivationFormat = K::ACTIVATION;
+    const UNIT_LEN: usize = 512;
+    const UNIT_BYTES: usize = K::UNIT_BYTES;
+    const ACTIVATION_BYTES: usize = pairs512::BYTES;
+    fn repack(gguf: &[u8], out: &mut [u8]) {
+        K::repack(gguf, out)
+    }
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn sums<const PARTS: usize, const R: usize>(
+        weight: &[u8],
+        activations: [&[u8]; R],
+        mut acc: [__m512; R],
+    ) -> [__m512; R] {
+        let rows = units_of::<{ pairs512::BYTES }, R>(activations);
+        for (i, unit) in weight.chunks_exact(K::UNIT_BYTES).enumerate() {
+            prefetch_ahead_of_rows::<R>(unit);
+            // SAFETY: this function has the features `unpack` needs.
+            let LaneUnit {
+                values: q,
+                scales,
+                offsets,
+            } = unsafe { K::unpack(unit) };
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                let x = &row[i];
+                let sums = _mm512_castsi512_ps(load512(array(x, pairs512::SUMS)));
+                *acc = _mm512_fmadd_ps(offsets, sums, *acc);
+                for (values, d) in &pairs512::PARTS[..PARTS] {
+                    // Two chains of four multiply-adds: VNNI's take 4 to 5 cycles each. Values
+                    // below 32 times |x| <= 127, 32 to a lane, stay far inside an `i32`.
+                    let mut even = _mm512_setzero_si512();
+                    let mut odd = _mm512_setzero_si512();
+                    for k in (0..8).step_by(2) {
+                        let x_even = load512(array(x, values + 64 * k));
+                        let x_odd = load512(array(x, values + 64 * (k + 1)));
+                        even = _mm512_dpbusd_epi32(even, q[k], x_even);
+                        odd = _mm512_dpbusd_epi32(odd, q[k + 1], x_odd);
+                    }
+                    let products = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+                    let d = _mm512_castsi512_ps(load512(array(x, *d)));
+                    *acc = _mm512_fmadd_ps(products, _mm512_mul_ps(scales, d), *acc);
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// Each activation row as its units of `N` bytes.
+#[inline]
+pub(crate) fn units_of<const N: usize, const R: usize>(rows: [&[u8]; R]) -> [&[[u8; N]]; R] {
+    let mut units = [&[][..]; R];
+    for (units, row) in units.iter_mut().zip(rows) {
+        *units = row.as_chunks::<N>().0;
+    }
+    units
 }
 
 /// Activation bytes of all rows that a column block may span: Zen 4's L1 (Sapphire Rapids has

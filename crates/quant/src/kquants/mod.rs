@@ -31,6 +31,8 @@ use crate::format::{
     Avx2Rows, Avx512Rows, ByPrecision, DotFn, Repacked, Tile, by_parts, rows_kernel,
 };
 #[cfg(target_arch = "x86_64")]
+use crate::repacked::ByLane;
+#[cfg(target_arch = "x86_64")]
 use repacked_q4_k::Q4KUnits;
 #[cfg(target_arch = "x86_64")]
 use repacked_q6_k::Q6KBlocks;
@@ -166,7 +168,7 @@ impl Format for Q4K {
     #[cfg(target_arch = "x86_64")]
     const AVX2_TILE: Option<ByPrecision<Tile>> = Some(Tile::of::<Avx2Rows<Q4K>>());
     #[cfg(target_arch = "x86_64")]
-    const AVX512_REPACKED: Option<Repacked> = Some(crate::repacked::kernels::<Q4KUnits>());
+    const AVX512_REPACKED: Option<Repacked> = Some(crate::repacked::kernels::<ByLane<Q4KUnits>>());
 }
 
 /// Q5_K: see the module documentation.

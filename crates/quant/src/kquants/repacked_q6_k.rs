@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 
 use crate::activation::{ActivationFormat, lanes256_element, split256};
 use crate::bytes::{f32_at, u32_at};
-use crate::repacked::UnitSums;
+use crate::repacked::{UnitSums, units_of};
 use crate::simd::{array, f16_at, load128, load512, prefetch_ahead_of_rows};
 
 /// Bytes in one block.
@@ -72,75 +72,61 @@ impl UnitSums for Q6KBlocks {
     fn repack(gguf: &[u8], out: &mut [u8]) {
         repack_q6_k(gguf, out)
     }
+    /// The weights unpacked once for `PARTS` parts of each row.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn sums<const PARTS: usize, const R: usize>(
         weight: &[u8],
         activations: [&[u8]; R],
-        acc: [__m512; R],
+        mut acc: [__m512; R],
     ) -> [__m512; R] {
-        sums::<PARTS, R>(weight, activations, acc)
-    }
-}
-
-/// [`UnitSums::sums`] of Q6_K, the weights unpacked once for `PARTS` parts of each row.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-fn sums<const PARTS: usize, const R: usize>(
-    weight: &[u8],
-    activations: [&[u8]; R],
-    mut acc: [__m512; R],
-) -> [__m512; R] {
-    // Closures would not inherit this function's target features: plain loops.
-    let mut rows = [&[][..]; R];
-    for (rows, a) in rows.iter_mut().zip(activations) {
-        *rows = a.as_chunks::<{ split256::BYTES }>().0;
-    }
-    let blocks = weight.as_chunks::<BLOCK_BYTES>().0;
-    let bits_4_5 = _mm512_set1_epi8(0x30);
-    for (i, w) in blocks.iter().enumerate() {
-        prefetch_ahead_of_rows::<R>(w);
-        let scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(array(w, SCALES))));
-        let scales = _mm512_mul_ps(_mm512_set1_ps(f16_at(w, D)), scales);
-        // The offset of 32: -32 * d * scale[l] * (activation sum of lane l).
-        let offsets = _mm512_mul_ps(_mm512_set1_ps(-32.0), scales);
-        let low = load512(array(w, 0));
-        let high = load512(array(w, 64));
-        let bits = load512(array(w, HIGH_BITS));
-        // Bits 2k and 2k + 1 of each byte moved to bits 4 and 5 (16-bit shifts: the bits that
-        // cross into the next byte are masked off).
-        let q = [
-            low_nibbles_or(low, _mm512_and_si512(_mm512_slli_epi16(bits, 4), bits_4_5)),
-            low_nibbles_or(
-                _mm512_srli_epi16(low, 4),
-                _mm512_and_si512(_mm512_slli_epi16(bits, 2), bits_4_5),
-            ),
-            low_nibbles_or(high, _mm512_and_si512(bits, bits_4_5)),
-            low_nibbles_or(
-                _mm512_srli_epi16(high, 4),
-                _mm512_and_si512(_mm512_srli_epi16(bits, 2), bits_4_5),
-            ),
-        ];
-        for (acc, row) in acc.iter_mut().zip(&rows) {
-            let x = &row[i];
-            let sums = _mm512_castsi512_ps(load512(array(x, split256::SUMS)));
-            *acc = _mm512_fmadd_ps(offsets, sums, *acc);
-            for part in &split256::PARTS[..PARTS] {
-                // Two chains of two multiply-adds. Values below 64 times |x| <= 127, 16 to a
-                // lane, stay far inside an `i32`.
-                let mut even = _mm512_setzero_si512();
-                let mut odd = _mm512_setzero_si512();
-                for k in (0..4).step_by(2) {
-                    let x_even = load512(array(x, part.values + 64 * k));
-                    let x_odd = load512(array(x, part.values + 64 * (k + 1)));
-                    even = _mm512_dpbusd_epi32(even, q[k], x_even);
-                    odd = _mm512_dpbusd_epi32(odd, q[k + 1], x_odd);
+        let rows = units_of::<{ split256::BYTES }, R>(activations);
+        let blocks = weight.as_chunks::<BLOCK_BYTES>().0;
+        let bits_4_5 = _mm512_set1_epi8(0x30);
+        for (i, w) in blocks.iter().enumerate() {
+            prefetch_ahead_of_rows::<R>(w);
+            let scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load128(array(w, SCALES))));
+            let scales = _mm512_mul_ps(_mm512_set1_ps(f16_at(w, D)), scales);
+            // The offset of 32: -32 * d * scale[l] * (activation sum of lane l).
+            let offsets = _mm512_mul_ps(_mm512_set1_ps(-32.0), scales);
+            let low = load512(array(w, 0));
+            let high = load512(array(w, 64));
+            let bits = load512(array(w, HIGH_BITS));
+            // Bits 2k and 2k + 1 of each byte moved to bits 4 and 5 (16-bit shifts: the bits that
+            // cross into the next byte are masked off).
+            let q = [
+                low_nibbles_or(low, _mm512_and_si512(_mm512_slli_epi16(bits, 4), bits_4_5)),
+                low_nibbles_or(
+                    _mm512_srli_epi16(low, 4),
+                    _mm512_and_si512(_mm512_slli_epi16(bits, 2), bits_4_5),
+                ),
+                low_nibbles_or(high, _mm512_and_si512(bits, bits_4_5)),
+                low_nibbles_or(
+                    _mm512_srli_epi16(high, 4),
+                    _mm512_and_si512(_mm512_srli_epi16(bits, 2), bits_4_5),
+                ),
+            ];
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                let x = &row[i];
+                let sums = _mm512_castsi512_ps(load512(array(x, split256::SUMS)));
+                *acc = _mm512_fmadd_ps(offsets, sums, *acc);
+                for part in &split256::PARTS[..PARTS] {
+                    // Two chains of two multiply-adds. Values below 64 times |x| <= 127, 16 to a
+                    // lane, stay far inside an `i32`.
+                    let mut even = _mm512_setzero_si512();
+                    let mut odd = _mm512_setzero_si512();
+                    for k in (0..4).step_by(2) {
+                        let x_even = load512(array(x, part.values + 64 * k));
+                        let x_odd = load512(array(x, part.values + 64 * (k + 1)));
+                        even = _mm512_dpbusd_epi32(even, q[k], x_even);
+                        odd = _mm512_dpbusd_epi32(odd, q[k + 1], x_odd);
+                    }
+                    let products = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+                    let d = _mm512_set1_ps(f32_at(x, part.d));
+                    *acc = _mm512_fmadd_ps(products, _mm512_mul_ps(scales, d), *acc);
                 }
-                let products = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-                let d = _mm512_set1_ps(f32_at(x, part.d));
-                *acc = _mm512_fmadd_ps(products, _mm512_mul_ps(scales, d), *acc);
             }
         }
+        acc
     }
-    acc
 }

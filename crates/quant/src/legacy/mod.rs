@@ -206,7 +206,7 @@ macro_rules! legacy_formats {
 legacy_formats! {
     Q4_0: dot_q4_0, gguf(dot_q4_0, dot_q4_0_rows);
     Q4_1: dot_q4_1, gguf(dot_q4_1, dot_q4_1_rows);
-    Q5_0: dot_q5_0, repacked(repacked_q5_0::Q5_0Lanes);
+    Q5_0: dot_q5_0, repacked(crate::repacked::ByLane<repacked_q5_0::Q5_0Lanes>);
     Q5_1: dot_q5_1, gguf(dot_q5_1, dot_q5_1_rows);
     Q8_0: dot_q8_0, gguf(dot_q8_0, dot_q8_0_rows);
 }

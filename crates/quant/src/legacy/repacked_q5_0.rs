@@ -19,10 +19,10 @@
 
 use std::arch::x86_64::*;
 
-use crate::activation::{ActivationFormat, pairs512};
+use crate::activation::ActivationFormat;
 use crate::bytes::u32_at;
-use crate::repacked::UnitSums;
-use crate::simd::{array, load256, load512, prefetch_ahead_of_rows};
+use crate::repacked::{LaneUnit, Lanes32};
+use crate::simd::{array, load256, load512};
 
 /// Bytes in one unit of sixteen blocks.
 const UNIT_BYTES: usize = 352;
@@ -58,79 +58,36 @@ fn repack_q5_0(gguf: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Q5_0's kernel on units.
+/// Q5_0 in units.
 pub(crate) struct Q5_0Lanes;
 
-impl UnitSums for Q5_0Lanes {
+impl Lanes32 for Q5_0Lanes {
     const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Lanes32;
-    const UNIT_LEN: usize = 512;
     const UNIT_BYTES: usize = UNIT_BYTES;
-    const ACTIVATION_BYTES: usize = pairs512::BYTES;
     fn repack(gguf: &[u8], out: &mut [u8]) {
         repack_q5_0(gguf, out)
     }
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn sums<const PARTS: usize, const R: usize>(
-        weight: &[u8],
-        activations: [&[u8]; R],
-        acc: [__m512; R],
-    ) -> [__m512; R] {
-        sums::<PARTS, R>(weight, activations, acc)
-    }
-}
-
-/// [`UnitSums::sums`] of Q5_0, the weights unpacked once for `PARTS` parts of each row.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-fn sums<const PARTS: usize, const R: usize>(
-    weight: &[u8],
-    activations: [&[u8]; R],
-    mut acc: [__m512; R],
-) -> [__m512; R] {
-    // Closures would not inherit this function's target features: plain loops.
-    let mut rows = [&[][..]; R];
-    for (rows, a) in rows.iter_mut().zip(activations) {
-        *rows = a.as_chunks::<{ pairs512::BYTES }>().0;
-    }
-    let units = weight.as_chunks::<UNIT_BYTES>().0;
-    let low_nibbles = _mm512_set1_epi8(0x0f);
-    let fifth_bit = _mm512_set1_epi8(16);
-    for (i, unit) in units.iter().enumerate() {
-        prefetch_ahead_of_rows::<R>(unit);
-        let scales = _mm512_cvtph_ps(load256(array(unit, 0)));
-        // The offset of 16: -16 * d * (activation sum of the lane's block).
-        let offsets = _mm512_mul_ps(_mm512_set1_ps(-16.0), scales);
-        let mut q = [_mm512_setzero_si512(); 8];
+    unsafe fn unpack(unit: &[u8]) -> LaneUnit {
+        let low_nibbles = _mm512_set1_epi8(0x0f);
+        let mut values = [_mm512_setzero_si512(); 8];
         for j in 0..4 {
             let packed = load512(array(unit, NIBBLES + 64 * j));
-            q[2 * j] = _mm512_and_si512(packed, low_nibbles);
-            q[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+            values[2 * j] = _mm512_and_si512(packed, low_nibbles);
+            values[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
         }
-        for (k, q) in q.iter_mut().enumerate() {
+        let fifth_bit = _mm512_set1_epi8(16);
+        for (k, values) in values.iter_mut().enumerate() {
             let mask = u64::from_le_bytes(*array(unit, MASKS + 8 * k));
-            *q = _mm512_mask_add_epi8(*q, mask, *q, fifth_bit);
+            *values = _mm512_mask_add_epi8(*values, mask, *values, fifth_bit);
         }
-        for (acc, row) in acc.iter_mut().zip(&rows) {
-            let x = &row[i];
-            let sums = _mm512_castsi512_ps(load512(array(x, pairs512::SUMS)));
-            *acc = _mm512_fmadd_ps(offsets, sums, *acc);
-            for (values, d) in &pairs512::PARTS[..PARTS] {
-                // Two chains of four multiply-adds. Values below 32 times |x| <= 127, 32 to a
-                // lane, stay far inside an `i32`.
-                let mut even = _mm512_setzero_si512();
-                let mut odd = _mm512_setzero_si512();
-                for k in (0..8).step_by(2) {
-                    let x_even = load512(array(x, values + 64 * k));
-                    let x_odd = load512(array(x, values + 64 * (k + 1)));
-                    even = _mm512_dpbusd_epi32(even, q[k], x_even);
-                    odd = _mm512_dpbusd_epi32(odd, q[k + 1], x_odd);
-                }
-                let products = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
-                let d = _mm512_castsi512_ps(load512(array(x, *d)));
-                *acc = _mm512_fmadd_ps(products, _mm512_mul_ps(scales, d), *acc);
-            }
+        let scales = _mm512_cvtph_ps(load256(array(unit, 0)));
+        LaneUnit {
+            values,
+            scales,
+            // The offset of 16: -16 * d * (activation sum of the lane's block).
+            offsets: _mm512_mul_ps(_mm512_set1_ps(-16.0), scales),
         }
     }
-    acc
 }
