@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use half::f16;
 use lucebox_gguf::{GgufFile, TensorView};
 use lucebox_quant::{ActivationPrecision, Isa, WeightFormat};
-use memmap2::{Advice, MmapMut};
+use memmap2::MmapMut;
 
 use crate::batch::slot_of;
 use crate::checks::{self, Dims};
@@ -144,8 +144,10 @@ impl CpuMatrix {
             what: "repacked weights",
             bytes: bytes as u64,
         })?;
-        // Only a hint: without transparent huge pages the mapping works as well, with small ones.
-        let _ = repacked.advise(Advice::HugePage);
+        // Only a hint: without transparent huge pages (or off Linux) the mapping works as well,
+        // with small pages.
+        #[cfg(target_os = "linux")]
+        let _ = repacked.advise(memmap2::Advice::HugePage);
         let gguf = self.gguf_bytes();
         let gguf_row_bytes = gguf.len() / self.rows;
         let out = DisjointMut::new(&mut repacked);
