@@ -4,9 +4,9 @@
 //! weight row with it, over and over, and prints GB/s of weight bytes read and rows per second.
 //! With `--batch B` it quantizes B activation rows and takes each weight row's dot products with
 //! all of them at once (`WeightFormat::dot_matrix` over runs of rows, as a prefill's matmuls);
-//! rows/s then counts dot products (weight rows times activation rows) per second. Each row of the table is one
-//! activation precision (`--precisions`, both by default: the single-part figures beside the
-//! split ones of the same run).
+//! rows/s then counts dot products (weight rows times activation rows) per second. Each row of
+//! the table is one activation precision (`--precisions`, both by default: the single-part
+//! figures beside the split ones of the same run).
 //! Shapes: `l1` (about 16 KiB of weights: the arithmetic alone), `l2` (about 512 KiB),
 //! `ffn_up` (8960 rows of 1536, as in Qwen2.5 1.5B), `ffn_down` (1536 rows of 8960), and `dram`
 //! (`--dram-mib` MiB of rows of 1536, larger than the caches; 0 skips it).

@@ -18,14 +18,10 @@ use crate::simd::{array, load512, prefetch_ahead_of_rows, sum_f32x16, sums_f32x1
 /// One repacked format: its layout, and its kernel of a weight row's products with `R`
 /// activation rows.
 pub(crate) trait UnitSums {
-    /// The activations' layout.
+    /// The activations' layout: a unit of weights spans one of its blocks.
     const ACTIVATION: ActivationFormat;
-    /// Elements in one unit.
-    const UNIT_LEN: usize;
     /// Bytes in one unit of repacked weights.
     const UNIT_BYTES: usize;
-    /// Bytes of one activation row over the elements of one unit.
-    const ACTIVATION_BYTES: usize;
     /// Writes one row of GGUF's blocks as units, the last one padded with zero weights.
     fn repack(gguf: &[u8], out: &mut [u8]);
     /// `acc` plus the products of the units in `weight` with the same columns of each activation
@@ -33,7 +29,7 @@ pub(crate) trait UnitSums {
     ///
     /// # Safety
     /// The CPU has AVX-512 VNNI (the features of [`dot_rows`]), and each activation row holds
-    /// `ACTIVATION_BYTES` for each unit of `weight`.
+    /// one block of `ACTIVATION` for each unit of `weight`.
     unsafe fn sums<const PARTS: usize, const R: usize>(
         weight: &[u8],
         activations: [&[u8]; R],
@@ -74,9 +70,7 @@ pub(crate) struct ByLane<K>(PhantomData<K>);
 
 impl<K: Lanes32> UnitSums for ByLane<K> {
     const ACTIVATION: ActivationFormat = K::ACTIVATION;
-    const UNIT_LEN: usize = 512;
     const UNIT_BYTES: usize = K::UNIT_BYTES;
-    const ACTIVATION_BYTES: usize = pairs512::BYTES;
     fn repack(gguf: &[u8], out: &mut [u8]) {
         K::repack(gguf, out)
     }
@@ -144,7 +138,7 @@ pub(crate) const fn kernels<K: UnitSums>() -> Repacked {
     Repacked {
         activation: K::ACTIVATION,
         units: Units {
-            len: K::UNIT_LEN,
+            len: K::ACTIVATION.block_len(),
             bytes: K::UNIT_BYTES,
             repack: K::repack,
         },
@@ -174,7 +168,8 @@ fn dot_rows<K: UnitSums, const PARTS: usize, const R: usize>(
     stride: usize,
 ) {
     let units = row_bytes / K::UNIT_BYTES;
-    let block = (BLOCK_ACTIVATION_BYTES / (R * K::ACTIVATION_BYTES)).clamp(1, units);
+    let activation_bytes = K::ACTIVATION.block_bytes();
+    let block = (BLOCK_ACTIVATION_BYTES / (R * activation_bytes)).clamp(1, units);
     // The sums of one block stay in registers.
     if block == units {
         for (weight, out) in weights.chunks_exact(row_bytes).zip(out.chunks_mut(stride)) {
@@ -196,7 +191,7 @@ fn dot_rows<K: UnitSums, const PARTS: usize, const R: usize>(
             let weight_bytes = columns.start * K::UNIT_BYTES..columns.end * K::UNIT_BYTES;
             let mut x = [&[][..]; R];
             for (x, a) in x.iter_mut().zip(activations) {
-                *x = &a[columns.start * K::ACTIVATION_BYTES..columns.end * K::ACTIVATION_BYTES];
+                *x = &a[columns.start * activation_bytes..columns.end * activation_bytes];
             }
             for (weight, acc) in group.chunks_exact(row_bytes).zip(&mut acc) {
                 // SAFETY: this function has the kernel's features; `x` spans the same units.

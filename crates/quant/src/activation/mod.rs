@@ -178,7 +178,7 @@ pub(crate) type QuantizeFn = unsafe fn(&[f32], &mut [u8]);
 
 impl ActivationFormat {
     /// Elements in one block.
-    pub fn block_len(self) -> usize {
+    pub const fn block_len(self) -> usize {
         match self {
             ActivationFormat::F32 => 1,
             ActivationFormat::SplitQ8Block32 => 32,
@@ -188,7 +188,7 @@ impl ActivationFormat {
     }
 
     /// Bytes in one block.
-    pub fn block_bytes(self) -> usize {
+    pub const fn block_bytes(self) -> usize {
         match self {
             ActivationFormat::F32 => 4,
             ActivationFormat::SplitQ8Block32 => split32::BYTES,

@@ -66,9 +66,7 @@ pub(crate) struct Q6KBlocks;
 
 impl UnitSums for Q6KBlocks {
     const ACTIVATION: ActivationFormat = ActivationFormat::SplitQ8Lanes256;
-    const UNIT_LEN: usize = 256;
     const UNIT_BYTES: usize = BLOCK_BYTES;
-    const ACTIVATION_BYTES: usize = split256::BYTES;
     fn repack(gguf: &[u8], out: &mut [u8]) {
         repack_q6_k(gguf, out)
     }
