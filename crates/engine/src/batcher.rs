@@ -14,7 +14,12 @@
 //! output is the same alone, batched, preempted or served from the cache.
 //!
 //! With a drafter, a sequence speculates while it runs alone (the adaptive draft length
-//! decides how far); with company, a batched plain step already fills the machine.
+//! decides how far). A stateless drafter (n-gram lookup) also drafts for every decoding
+//! sequence of a batch, and the target verifies all their drafts in the step's one pass: the
+//! drafted rows worth their share of the pass are chosen for the step as a whole, from the
+//! measured cost of passes by length and each sequence's acceptance, so a batch that already
+//! fills the machine drafts nothing. A drafter that follows one sequence (a model with its own
+//! KV cache) drafts for a lone sequence only.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -24,8 +29,8 @@ use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
 use lucebox_model::{Model, Workspace};
 
 use crate::speculative::{
-    Draft, DraftPolicy, DraftTiming, Drafter, MAX_DRAFT, PairCosts, Round, Scores,
-    SequenceDrafting, SpecStats, accept, run_drafter,
+    Draft, DraftPolicy, DraftTiming, Drafter, MAX_DRAFT, Offer, PairCosts, Pass, Rivals, Round,
+    Scores, SequenceDrafting, SpecStats, accept, allot, run_drafter,
 };
 use crate::{
     BlockPool, Error, GenerationStats, MAX_TOP_LOGPROBS, Sampler, SequenceBlocks, StopReason,
@@ -157,6 +162,8 @@ struct Sequence {
     first_token: Option<Instant>,
     spec: SpecStats,
     drafting: SequenceDrafting,
+    /// This step's draft, verified with the next token.
+    draft: Draft,
 }
 
 impl Sequence {
@@ -184,13 +191,19 @@ struct Planned {
 struct Speculation {
     drafter: Box<dyn Drafter + Send>,
     policy: DraftPolicy,
-    draft: Draft,
     /// What drafting and verifying cost, kept across sequences.
     costs: PairCosts,
     /// The sequence that drafted last: the drafter restarts when another one does.
     last: Option<SequenceId>,
     /// Vocabulary-sized zeros, scratch for rejection sampling.
     dense: Vec<f32>,
+    /// A batched step's drafting sequences (indices into the plan), their offers and the
+    /// rows each was given.
+    drafting: Vec<usize>,
+    offers: Vec<Offer>,
+    chosen: Vec<usize>,
+    /// What this step's drafts competed with.
+    rivals: Rivals,
 }
 
 /// Continuous batching on one model; see the [module](self) documentation.
@@ -202,6 +215,8 @@ pub struct Batcher<B: Backend> {
     pool: BlockPool,
     workspace: Workspace<B>,
     batch: RaggedBatch,
+    /// The most logits rows one pass keeps.
+    logits_rows: usize,
     /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
     /// One row as the model gave it, for log-probabilities after sampling transformed it.
@@ -261,7 +276,14 @@ impl<B: Backend> Batcher<B> {
         let config = BatchConfig { context, ..config };
         let layout = model.kv_layout(config.kv_blocks, config.block_tokens);
         let kv = model.backend().kv_cache(layout)?;
-        let logits_rows = config.max_sequences.max(longest_draft + 1);
+        // A stateless drafter drafts for every sequence of a batch; otherwise only a lone
+        // sequence's verify pass has more rows than sequences.
+        let stateless = speculation.as_ref().is_some_and(|(d, _)| d.is_stateless());
+        let logits_rows = if stateless {
+            (config.max_sequences * (longest_draft + 1)).min(config.step_tokens)
+        } else {
+            config.max_sequences.max(longest_draft + 1)
+        };
         let workspace = model.workspace(BatchCapacity {
             tokens: config.step_tokens,
             sequences: config.max_sequences,
@@ -277,6 +299,7 @@ impl<B: Backend> Batcher<B> {
             pool: BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
             workspace,
             batch: RaggedBatch::new(),
+            logits_rows,
             logits: vec![0.0; vocab * logits_rows],
             raw_row: Vec::new(),
             picks: vec![0; logits_rows],
@@ -288,10 +311,13 @@ impl<B: Backend> Batcher<B> {
             speculation: speculation.map(|(drafter, policy)| Speculation {
                 drafter,
                 policy,
-                draft: Draft::default(),
                 costs: PairCosts::default(),
                 last: None,
                 dense: vec![0.0; vocab],
+                drafting: Vec::with_capacity(config.max_sequences),
+                offers: Vec::with_capacity(config.max_sequences),
+                chosen: Vec::with_capacity(config.max_sequences),
+                rivals: Rivals::None,
             }),
             preemptions: 0,
         })
@@ -321,48 +347,19 @@ impl<B: Backend> Batcher<B> {
         }
     }
 
-    /// Plans this step's rows for the running sequences, drafting for a lone one; returns the
-    /// token budget left.
-    fn plan_running(&mut self) -> Result<usize, Error> {
+    /// Plans this step's rows for the running sequences: a decode row for each that has its
+    /// next token, prefill chunks for the others within the step's tokens; returns the tokens
+    /// left.
+    fn plan_running(&mut self) -> usize {
         let mut budget = self.config.step_tokens;
-        let alone = self.running.len() == 1 && self.waiting.is_empty();
         let mut index = 0;
         while index < self.running.len() {
             let seq = &self.running[index];
             let unfed = seq.unfed();
-            let decoding = unfed == 1;
-            let mut count = if decoding { 1 } else { unfed.min(budget) };
+            let count = if unfed == 1 { 1 } else { unfed.min(budget) };
             if count == 0 {
                 index += 1;
                 continue;
-            }
-            let mut drafting = None;
-            if decoding
-                && alone
-                && seq.logprobs.is_none()
-                && let Some(spec) = &mut self.speculation
-            {
-                let seq = &mut self.running[index];
-                let remaining = seq.max_tokens - seq.generated;
-                let plan = seq.drafting.plan(
-                    &*spec.drafter,
-                    spec.policy,
-                    &spec.costs,
-                    &seq.tokens,
-                    remaining,
-                );
-                let room = self.config.context - seq.blocks.len();
-                // Nothing is drafted beyond what may still be generated or fit in the context.
-                let k = plan.wanted.min(remaining - 1).min(room - 1);
-                if k > 0 && spec.last != Some(seq.id) {
-                    spec.drafter.start(seq.sampler.params())?;
-                    spec.last = Some(seq.id);
-                }
-                let view = &seq.tokens[plan.view_from..];
-                let timing =
-                    run_drafter(&mut *spec.drafter, view, plan.unseen, k, &mut spec.draft)?;
-                count += spec.draft.len();
-                drafting = Some((k, timing));
             }
             if !self.make_room(index, count) {
                 continue;
@@ -375,16 +372,118 @@ impl<B: Backend> Batcher<B> {
                 start,
                 count,
                 scored: start + count >= seq.tokens.len(),
-                drafting,
+                drafting: None,
             });
             index += 1;
         }
-        Ok(budget)
+        budget
+    }
+
+    /// Drafts for the planned decode rows within `budget` more tokens: for a lone sequence as
+    /// its draft-length control says, for a batch (with a stateless drafter) the rows the
+    /// step's allotment chooses. A draft goes only where the pool has room for it without
+    /// preempting anyone.
+    fn plan_drafts(&mut self, budget: usize) -> Result<(), Error> {
+        let Some(spec) = &mut self.speculation else {
+            return Ok(());
+        };
+        let alone = self.running.len() == 1 && self.waiting.is_empty();
+        if !alone && !spec.drafter.is_stateless() {
+            return Ok(());
+        }
+        let scored = self.plan.iter().filter(|p| p.scored).count();
+        let room = budget.min(self.logits_rows - scored);
+        spec.drafting.clear();
+        spec.offers.clear();
+        spec.rivals = if alone {
+            Rivals::None
+        } else {
+            Rivals::Batch { cutoff: 0.0 }
+        };
+        for (at, p) in self.plan.iter_mut().enumerate() {
+            let seq = &mut self.running[p.index];
+            if p.count != 1 || !p.scored || seq.logprobs.is_some() {
+                continue;
+            }
+            let remaining = seq.max_tokens - seq.generated;
+            let context_left = self.config.context - seq.blocks.len();
+            // Nothing is drafted beyond what may still be generated or fit in the context.
+            let most = (remaining - 1).min(context_left - 1);
+            let (wanted, timing) = if alone {
+                let plan = seq.drafting.plan(
+                    &*spec.drafter,
+                    spec.policy,
+                    &spec.costs,
+                    &seq.tokens,
+                    remaining,
+                );
+                let k = plan.wanted.min(most);
+                if k > 0 && spec.last != Some(seq.id) {
+                    spec.drafter.start(seq.sampler.params())?;
+                    spec.last = Some(seq.id);
+                }
+                let view = &seq.tokens[plan.view_from..];
+                let timing = run_drafter(&mut *spec.drafter, view, plan.unseen, k, &mut seq.draft)?;
+                (k, timing)
+            } else {
+                let k = spec.policy.longest().min(most);
+                let timing = run_drafter(&mut *spec.drafter, &seq.tokens, 0, k, &mut seq.draft)?;
+                spec.drafting.push(at);
+                let offer = seq.drafting.control.offer(seq.draft.len(), &spec.costs);
+                spec.offers.push(offer);
+                (k, timing)
+            };
+            p.drafting = Some((wanted, timing));
+        }
+        if !alone && matches!(spec.policy, DraftPolicy::Adaptive(_)) {
+            self.allot_drafts(room);
+        }
+        let mut room = room;
+        for p in &mut self.plan {
+            let seq = &mut self.running[p.index];
+            if p.drafting.is_none() {
+                continue;
+            }
+            let drafted = seq.draft.len().min(room);
+            if !seq.blocks.reserve(&mut self.pool, 1 + drafted) {
+                seq.draft.clear();
+            }
+            seq.draft.truncate(drafted);
+            room -= seq.draft.len();
+            p.count += seq.draft.len();
+        }
+        Ok(())
+    }
+
+    /// Cuts the drafts of a batched step to the rows the allotment chooses for them within
+    /// `room`, and notes what they competed with.
+    fn allot_drafts(&mut self, room: usize) {
+        let spec = self.speculation.as_mut().expect("drafting");
+        let pass = Pass {
+            tokens: self.plan.iter().map(|p| p.count).sum(),
+            produces: self.plan.iter().filter(|p| p.scored).count(),
+        };
+        spec.chosen.clear();
+        spec.chosen.resize(spec.offers.len(), 0);
+        let cutoff = allot(&spec.costs, pass, &spec.offers, room, &mut spec.chosen);
+        spec.rivals = Rivals::Batch { cutoff };
+        for (&at, &chosen) in spec.drafting.iter().zip(&spec.chosen) {
+            let p = &mut self.plan[at];
+            let seq = &mut self.running[p.index];
+            // A sequence that had drafts but was given none made a plain step by choice.
+            if chosen == 0
+                && !seq.draft.is_empty()
+                && let Some((wanted, _)) = &mut p.drafting
+            {
+                *wanted = 0;
+            }
+            seq.draft.truncate(chosen);
+        }
     }
 
     /// Admits waiting sequences while there is room in the batch, the budget and the pool, and
-    /// plans their first chunks.
-    fn admit(&mut self, mut budget: usize) {
+    /// plans their first chunks; returns the tokens left.
+    fn admit(&mut self, mut budget: usize) -> usize {
         while self.running.len() < self.config.max_sequences && budget > 0 {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
@@ -414,6 +513,7 @@ impl<B: Backend> Batcher<B> {
             });
             self.running.push(seq);
         }
+        budget
     }
 
     /// Fills the batch from the plan and runs the forward pass.
@@ -422,10 +522,7 @@ impl<B: Backend> Batcher<B> {
         for p in &self.plan {
             let seq = &self.running[p.index];
             let s = self.batch.push_sequence(seq.blocks.table());
-            let draft = self
-                .speculation
-                .as_ref()
-                .map_or(&[][..], |s| s.draft.tokens());
+            let draft = seq.draft.tokens();
             for j in 0..p.count {
                 let (token, scored) = match p.drafting {
                     // The pending token, then the draft: every row is scored.
@@ -485,7 +582,7 @@ impl<B: Backend> Batcher<B> {
                     (Some((k, timing)), Some(spec)) => {
                         let rows = p.count;
                         let pending = p.start;
-                        seq.tokens.extend_from_slice(spec.draft.tokens());
+                        seq.tokens.extend_from_slice(seq.draft.tokens());
                         let scores = if greedy {
                             Scores::Picks(&self.picks[row..row + rows])
                         } else {
@@ -495,12 +592,12 @@ impl<B: Backend> Batcher<B> {
                             }
                         };
                         let (accepted, next) =
-                            accept(&spec.draft, scores, &mut seq.sampler, &mut spec.dense);
+                            accept(&seq.draft, scores, &mut seq.sampler, &mut spec.dense);
                         seq.tokens.truncate(pending + 1 + accepted);
                         seq.blocks.truncate(&mut self.pool, pending + 1 + accepted);
                         seq.tokens.push(next);
                         let round = Round {
-                            drafted: spec.draft.len(),
+                            drafted: seq.draft.len(),
                             accepted,
                             next,
                             drafting: timing,
@@ -508,7 +605,8 @@ impl<B: Backend> Batcher<B> {
                             recorded_a_pass: self.model.backend().passes_recorded()
                                 != passes_recorded,
                         };
-                        round.record(k, &mut seq.spec, &mut seq.drafting.control, &mut spec.costs);
+                        let control = &mut seq.drafting.control;
+                        round.record(k, &mut seq.spec, control, &mut spec.costs, spec.rivals);
                         row += rows;
                     }
                     _ => {
@@ -637,6 +735,7 @@ where
             first_token: None,
             spec: SpecStats::default(),
             drafting,
+            draft: Draft::default(),
         });
         Ok(id)
     }
@@ -655,17 +754,26 @@ where
         self.plan.clear();
         let passes_recorded = self.model.backend().passes_recorded();
         let preemptions = self.preemptions;
-        let budget = self.plan_running()?;
+        let budget = self.plan_running();
         // A pool that was just short takes nobody new: a preempted sequence re-admitted at
         // once would only be preempted again.
-        if self.preemptions == preemptions {
-            self.admit(budget);
-        }
+        let budget = if self.preemptions == preemptions {
+            self.admit(budget)
+        } else {
+            budget
+        };
         if self.plan.is_empty() {
             return Ok(());
         }
+        self.plan_drafts(budget)?;
         let started = Instant::now();
+        let before_pass = self.model.backend().passes_recorded();
         self.forward()?;
+        if let Some(spec) = &mut self.speculation
+            && self.model.backend().passes_recorded() == before_pass
+        {
+            spec.costs.observe_pass(self.batch.len(), started.elapsed());
+        }
         self.commit(started, passes_recorded, events);
         Ok(())
     }

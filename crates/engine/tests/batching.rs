@@ -9,7 +9,7 @@ use std::sync::Arc;
 use lucebox_backend::{ActivationPrecision, CpuBackend};
 use lucebox_model::Model;
 
-use lucebox_engine::speculative::{DraftPolicy, NgramDrafter};
+use lucebox_engine::speculative::{DraftPolicy, NgramDrafter, SpecStats};
 use lucebox_engine::{
     BatchConfig, BatchEngine, Batcher, Event, GenerationStats, NewSequence, Rng, Sampler,
     SamplingParams, SequenceId, Session, SessionConfig, StopReason,
@@ -301,23 +301,20 @@ fn a_stopped_sequence_frees_its_blocks_and_the_others_go_on() {
     );
 }
 
-#[test]
-#[ignore = "needs fetched models; run by tests/run-all"]
-fn a_lone_sequence_speculates_and_its_output_does_not_change() {
-    let (_, model) = common::load(MODEL);
-    let vocab = model.config().vocab;
-    let mut rng = Rng::seeded(5);
-    let phrase = random_tokens(&mut rng, 12, vocab);
-    // A prompt that repeats itself, so that n-gram lookup finds drafts.
-    let prompt: Vec<u32> = phrase
+/// A prompt that repeats a random phrase, so that n-gram lookup finds drafts.
+fn repeating_prompt(rng: &mut Rng, vocab: usize) -> Vec<u32> {
+    let phrase = random_tokens(rng, 12, vocab);
+    phrase
         .iter()
         .chain(&phrase)
         .chain(&phrase[..6])
         .copied()
-        .collect();
-    let params = SamplingParams::default();
-    let expected = alone(&model, &prompt, &params, 40);
-    let mut batcher = Batcher::new(
+        .collect()
+}
+
+/// A batcher of up to 4 sequences that speculates with n-gram lookup.
+fn ngram_batcher(model: &Arc<Model<CpuBackend>>, policy: DraftPolicy) -> Batcher<CpuBackend> {
+    Batcher::new(
         model.clone(),
         BatchConfig {
             context: 512,
@@ -327,26 +324,115 @@ fn a_lone_sequence_speculates_and_its_output_does_not_change() {
             step_tokens: 64,
         },
         Box::new(|_| false),
-        Some((Box::new(NgramDrafter::default()), DraftPolicy::Fixed(4))),
+        Some((Box::new(NgramDrafter::default()), policy)),
     )
-    .unwrap();
-    let mut events = Vec::new();
-    batcher.add(sequence(&prompt, &params, 40)).unwrap();
-    let mut tokens = Vec::new();
-    let mut spec = None;
-    while spec.is_none() {
+    .unwrap()
+}
+
+/// Adds every request at once and steps until all are done: each one's tokens and
+/// speculation statistics, and the steps taken until the first one finished.
+fn run_together(
+    batcher: &mut Batcher<CpuBackend>,
+    requests: &[Request],
+) -> (Vec<(Vec<u32>, SpecStats)>, usize) {
+    let ids: Vec<SequenceId> = requests
+        .iter()
+        .map(|(p, params, n)| batcher.add(sequence(p, params, *n)).unwrap())
+        .collect();
+    let mut out = vec![(Vec::new(), None); requests.len()];
+    let (mut events, mut steps, mut first_finished) = (Vec::new(), 0, None);
+    while out.iter().any(|(_, spec)| spec.is_none()) {
         events.clear();
         batcher.step(&mut events).unwrap();
+        steps += 1;
+        assert!(steps < 1000, "the batcher makes no progress");
         for event in events.drain(..) {
+            let (Event::Token { id, .. } | Event::Finished { id, .. }) = event;
+            let i = ids.iter().position(|known| *known == id).unwrap();
             match event {
-                Event::Token { token, .. } => tokens.push(token),
-                Event::Finished { spec: s, .. } => spec = s,
+                Event::Token { token, .. } => out[i].0.push(token),
+                Event::Finished { spec, .. } => {
+                    out[i].1 = Some(*spec.expect("a speculating batcher reports"));
+                    first_finished.get_or_insert(steps);
+                }
             }
         }
     }
-    assert_eq!(tokens, expected);
-    let spec = spec.unwrap();
+    let out = out.into_iter().map(|(t, s)| (t, s.unwrap())).collect();
+    (out, first_finished.unwrap())
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn a_lone_sequence_speculates_and_its_output_does_not_change() {
+    let (_, model) = common::load(MODEL);
+    let prompt = repeating_prompt(&mut Rng::seeded(5), model.config().vocab);
+    let params = SamplingParams::default();
+    let expected = alone(&model, &prompt, &params, 40);
+    let mut batcher = ngram_batcher(&model, DraftPolicy::Fixed(4));
+    let (out, _) = run_together(&mut batcher, &[(prompt, params, 40)]);
+    let (tokens, spec) = &out[0];
+    assert_eq!(tokens, &expected);
     assert!(spec.drafted_tokens() > 0, "nothing was drafted: {spec:?}");
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn batched_sequences_verify_their_drafts_in_one_pass_and_each_output_is_its_own() {
+    let (_, model) = common::load(MODEL);
+    let vocab = model.config().vocab;
+    let mut rng = Rng::seeded(6);
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: Some(4),
+        ..SamplingParams::default()
+    };
+    let requests: Vec<Request> = (0..4)
+        .map(|i| {
+            let params = if i == 3 {
+                sampled.clone()
+            } else {
+                SamplingParams::default()
+            };
+            (repeating_prompt(&mut rng, vocab), params, 40)
+        })
+        .collect();
+    // Each request alone in a batcher that drafts the same way: n-gram drafts depend on the
+    // tokens alone and every row's logits on its own sequence alone, so the batch must give
+    // the same tokens, the sampled request's included (same drafts, rows and draws).
+    let fixed = DraftPolicy::Fixed(4);
+    let lone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|request| {
+            let mut batcher = ngram_batcher(&model, fixed);
+            run_together(&mut batcher, std::slice::from_ref(request)).0[0]
+                .0
+                .clone()
+        })
+        .collect();
+    for (i, (prompt, params, n)) in requests.iter().enumerate().take(3) {
+        assert_eq!(lone[i], alone(&model, prompt, params, *n), "request {i}");
+    }
+    let (out, first_finished) = run_together(&mut ngram_batcher(&model, fixed), &requests);
+    for (i, (tokens, spec)) in out.iter().enumerate() {
+        assert_eq!(tokens, &lone[i], "request {i}");
+        assert!(spec.accepted_tokens() > 0, "request {i}: {spec:?}");
+    }
+    // All four ran in every step until one finished: taking fewer steps than its 40 tokens
+    // (the prompts' two prefill steps aside), it had drafts accepted in shared passes.
+    assert!(
+        first_finished < 30,
+        "the first finished after {first_finished} steps"
+    );
+    // The adaptive allotment decides from measured times, which vary; greedy output may not.
+    let (out, _) = run_together(
+        &mut ngram_batcher(&model, DraftPolicy::Adaptive(8)),
+        &requests,
+    );
+    for (i, (tokens, _)) in out.iter().enumerate().take(3) {
+        assert_eq!(tokens, &lone[i], "request {i}, adaptive");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The GPU backend against the CPU backend on the real models: logits within a stated bound,
 //! greedy continuations identical, speculative greedy output equal to plain greedy output on
-//! the device, and each sequence of a ragged batch getting exactly its own logits.
+//! the device (alone, and with n-gram drafts verified for a batch at once), and each sequence
+//! of a ragged batch getting exactly its own logits.
 //!
 //! Built with `--features cuda` (an NVIDIA GPU) or `--features hip` (an AMD RDNA GPU); run on
 //! a machine with that GPU and the models fetched
@@ -23,8 +24,11 @@ use lucebox_backend::{
 type GpuBackend = lucebox_backend::CudaBackend;
 #[cfg(not(feature = "cuda"))]
 type GpuBackend = lucebox_backend::HipBackend;
-use lucebox_engine::speculative::{DraftPolicy, ModelDrafter, NgramDrafter, Speculator};
-use lucebox_engine::{Generator, Rng, Sampler, SamplingParams, Session, SessionConfig};
+use lucebox_engine::speculative::{DraftPolicy, ModelDrafter, NgramDrafter, SpecStats, Speculator};
+use lucebox_engine::{
+    BatchConfig, BatchEngine, Batcher, Event, Generator, NewSequence, Rng, Sampler, SamplingParams,
+    SequenceId, Session, SessionConfig,
+};
 use lucebox_gguf::{GgmlType, GgufFile, GgufWriter};
 use lucebox_model::Model;
 
@@ -462,6 +466,70 @@ fn speculative_greedy_equals_plain_greedy_with(tuning: GpuTuning) {
         "{tuning:?}: {} prompts, k = 1, 4, 8, drafter and n-gram: identical to plain",
         PROMPTS.len()
     );
+}
+
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn batched_ngram_speculation_equals_plain_greedy_on_the_device() {
+    let file = open(TARGET);
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
+    for tuning in TUNINGS {
+        let target = on(&tuned(tuning), &file);
+        let mut plain = Session::new(Arc::clone(&target), config()).unwrap();
+        let expected: Vec<Vec<u32>> = prompts.iter().map(|t| greedy(&mut plain, t, 64)).collect();
+        for policy in [DraftPolicy::Fixed(4), DraftPolicy::Adaptive(8)] {
+            let config = BatchConfig {
+                context: 512,
+                kv_blocks: 4 * 32,
+                block_tokens: 16,
+                max_sequences: prompts.len(),
+                step_tokens: 256,
+            };
+            let drafter = Box::<NgramDrafter>::default();
+            let mut batcher = Batcher::new(
+                Arc::clone(&target),
+                config,
+                Box::new(|_| false),
+                Some((drafter, policy)),
+            )
+            .unwrap();
+            let ids: Vec<SequenceId> = prompts
+                .iter()
+                .map(|prompt| {
+                    let sequence = NewSequence {
+                        prompt: prompt.clone(),
+                        sampler: Sampler::new(SamplingParams::default()),
+                        max_tokens: 64,
+                        logprobs: None,
+                    };
+                    batcher.add(sequence).unwrap()
+                })
+                .collect();
+            let mut out = vec![Vec::new(); ids.len()];
+            let (mut events, mut spec, mut steps) = (Vec::new(), SpecStats::default(), 0);
+            while batcher.load().running + batcher.load().waiting > 0 {
+                events.clear();
+                batcher.step(&mut events).unwrap();
+                steps += 1;
+                for event in &events {
+                    match event {
+                        Event::Token { id, token, .. } => {
+                            out[ids.iter().position(|i| i == id).unwrap()].push(*token);
+                        }
+                        Event::Finished { spec: s, .. } => spec.add(s.as_ref().unwrap()),
+                    }
+                }
+            }
+            assert_eq!(out, expected, "{tuning:?}, {policy:?}");
+            println!(
+                "{tuning:?}, {policy:?}: {} sequences together in {steps} steps, {} of {} drafts \
+                 accepted: identical to plain",
+                ids.len(),
+                spec.accepted_tokens(),
+                spec.drafted_tokens()
+            );
+        }
+    }
 }
 
 #[test]

@@ -23,6 +23,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::batch::Offer;
+
 /// The longest draft a sequence may use.
 pub const MAX_DRAFT: usize = 16;
 
@@ -61,6 +63,19 @@ pub enum CatchUp {
     Full,
     /// Forgetting what it holds, on the sequence's last this many tokens only.
     RestartOn(usize),
+}
+
+/// What a sequence's drafts compete with for the rows of a forward pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rivals {
+    /// Nothing: the sequence runs alone, and a round's price is its own pass.
+    None,
+    /// Other sequences' drafts: a drafted row was taken in the last step only when worth more
+    /// than `cutoff` expected tokens ([`allot`](super::batch::allot)).
+    Batch {
+        /// The value a first drafted row had to beat.
+        cutoff: f64,
+    },
 }
 
 /// What the next round does.
@@ -123,8 +138,9 @@ pub struct PairCosts {
     draft: Average,
     /// Seconds the drafter spends per token when it catches up on more than a steady round's.
     catch_up: Average,
-    /// Seconds of a target forward pass of `n + 1` tokens, at index `n`.
-    verify: [Average; MAX_DRAFT + 1],
+    /// Seconds of a target forward pass of `n` tokens, at index `n` (index 0 unused): a lone
+    /// sequence's plain step and verify passes, and the passes of whole batches.
+    passes: Vec<Average>,
 }
 
 impl PairCosts {
@@ -145,15 +161,21 @@ impl PairCosts {
 
     /// The measured target passes: tokens in the pass (1: a plain step) and their seconds.
     pub fn measured_passes(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
-        self.verify
+        self.passes
             .iter()
             .enumerate()
-            .filter_map(|(drafted, seconds)| Some((drafted + 1, seconds.0?)))
+            .filter_map(|(tokens, seconds)| Some((tokens, seconds.0?)))
     }
 
-    /// Records the time of a target pass that verified `drafted` tokens (0: a plain step).
-    pub(crate) fn observe_verify(&mut self, drafted: usize, time: Duration) {
-        self.verify[drafted.min(MAX_DRAFT)].observe(time.as_secs_f64());
+    /// Records the time of a target forward pass of `tokens` tokens.
+    pub(crate) fn observe_pass(&mut self, tokens: usize, time: Duration) {
+        if tokens == 0 {
+            return;
+        }
+        if self.passes.len() <= tokens {
+            self.passes.resize(tokens + 1, Average::default());
+        }
+        self.passes[tokens].observe(time.as_secs_f64());
     }
 
     /// Records a drafter's work before verifying: `caught_up` tokens it had not seen, then
@@ -197,26 +219,32 @@ impl PairCosts {
     /// Expected tokens per second of rounds drafting `k` tokens.
     fn tokens_per_second(&self, k: usize, acceptance: f64, draft: f64) -> f64 {
         let expected_tokens = (0..=k).map(|i| acceptance.powi(i as i32)).sum::<f64>();
-        expected_tokens / (k as f64 * draft + self.verify_seconds(k))
+        expected_tokens / (k as f64 * draft + self.pass_seconds(k + 1))
     }
 
-    /// The estimated cost of verifying `k` drafts (a forward pass of `k + 1` tokens): measured
-    /// when it was, else interpolated linearly between the nearest measured lengths, else
-    /// extrapolated along the line through the shortest and longest measured ones.
-    fn verify_seconds(&self, k: usize) -> f64 {
-        let measured = |i: usize| self.verify[i].0.map(|s| (i as f64, s));
-        if let Some((_, s)) = measured(k) {
+    /// Seconds of a plain step of a lone sequence, once measured.
+    fn plain_seconds(&self) -> Option<f64> {
+        self.passes.get(1).and_then(|a| a.0)
+    }
+
+    /// The estimated cost of a forward pass of `tokens` tokens: measured when it was, else
+    /// interpolated linearly between the nearest measured lengths, else extrapolated along
+    /// the line through the shortest and longest measured ones; 0 when none was.
+    pub(crate) fn pass_seconds(&self, tokens: usize) -> f64 {
+        let measured = |i: usize| self.passes.get(i)?.0.map(|s| (i as f64, s));
+        if let Some((_, s)) = measured(tokens) {
             return s;
         }
-        let below = (0..k).rev().find_map(measured);
-        let above = (k + 1..=MAX_DRAFT).find_map(measured);
-        let first = (0..=MAX_DRAFT).find_map(measured);
-        let last = (0..=MAX_DRAFT).rev().find_map(measured);
+        let lengths = 1..self.passes.len();
+        let below = (1..tokens).rev().find_map(measured);
+        let above = (tokens + 1..self.passes.len()).find_map(measured);
+        let first = lengths.clone().find_map(measured);
+        let last = lengths.rev().find_map(measured);
         let line = |(x0, y0): (f64, f64), (x1, y1): (f64, f64)| {
             if x1 == x0 {
                 y0
             } else {
-                y0 + (y1 - y0) * (k as f64 - x0) / (x1 - x0)
+                y0 + (y1 - y0) * (tokens as f64 - x0) / (x1 - x0)
             }
         };
         match (below, above, first, last) {
@@ -292,7 +320,7 @@ impl DraftLength {
             Verdict::Plain {
                 probe_may_pay: true,
             } if self.plain_steps >= self.probe_after => {
-                let plain_time = f64::from(self.plain_steps) * costs.verify_seconds(0);
+                let plain_time = f64::from(self.plain_steps) * costs.pass_seconds(1);
                 (PROBE_DRAFT.min(self.max), PROBE_SHARE * plain_time)
             }
             Verdict::Plain { .. } => return Plan::PLAIN,
@@ -300,6 +328,41 @@ impl DraftLength {
         costs
             .catch_up_within(unseen, allowance)
             .map_or(Plan::PLAIN, |catch_up| Plan { draft: k, catch_up })
+    }
+
+    /// What this sequence offers a batched step when its drafter proposed `proposed` tokens:
+    /// how many of them it may draft, and the acceptance they are valued at
+    /// ([`allot`](super::batch::allot)). A sequence due a probe offers a probe's rows at the
+    /// pair's long-run acceptance, when that is above its own: its own estimate may be stale,
+    /// and a probe is worth what the pair's drafts are worth on average. With no estimate at
+    /// all (the pair's first drafts) it offers a probe's rows as if they were sure to be
+    /// accepted, so that they measure acceptance wherever a perfect draft would pay.
+    pub(crate) fn offer(&self, proposed: usize, costs: &PairCosts) -> Offer {
+        let proposed = proposed.min(self.max);
+        let probe = proposed.min(PROBE_DRAFT);
+        let pair = costs
+            .acceptance()
+            .filter(|_| costs.outcomes >= MIN_PRIOR_OUTCOMES);
+        match (self.acceptance.0, pair) {
+            (None, None) => Offer {
+                proposed: probe,
+                acceptance: 1.0,
+            },
+            (None, Some(pair)) => Offer {
+                proposed: probe,
+                acceptance: pair,
+            },
+            (Some(own), pair) => match pair {
+                Some(pair) if self.plain_steps >= self.probe_after && pair > own => Offer {
+                    proposed: probe,
+                    acceptance: pair,
+                },
+                _ => Offer {
+                    proposed,
+                    acceptance: own,
+                },
+            },
+        }
     }
 
     /// What the measurements so far call for, catch-ups and probes aside.
@@ -312,7 +375,7 @@ impl DraftLength {
         }
         // Measure plain decoding first, then a short draft: the cost model extrapolates from
         // both, and a short first draft is cheap where verifying costs much more than a step.
-        let Some(plain) = costs.verify[0].0 else {
+        let Some(plain) = costs.plain_seconds() else {
             return plain_only;
         };
         let (Some(acceptance), Some(draft)) = (self.acceptance.0, costs.draft.0) else {
@@ -339,8 +402,15 @@ impl DraftLength {
     }
 
     /// Records a round: `drafted` tokens proposed, of which the first `accepted` were
-    /// accepted, in this sequence and in the pair's long-run acceptance.
-    pub fn observe(&mut self, costs: &mut PairCosts, drafted: usize, accepted: usize) {
+    /// accepted, in this sequence and in the pair's long-run acceptance; `rivals` says what
+    /// its drafts competed with, which decides when it probes next.
+    pub fn observe(
+        &mut self,
+        costs: &mut PairCosts,
+        drafted: usize,
+        accepted: usize,
+        rivals: Rivals,
+    ) {
         if drafted == 0 {
             self.plain_steps += 1;
             return;
@@ -357,7 +427,10 @@ impl DraftLength {
         }
         if self.plain_steps >= self.probe_after {
             // That was a probe: if speculation stays off, wait longer before the next one.
-            let still_off = matches!(self.verdict(costs), Verdict::Plain { .. });
+            let still_off = match rivals {
+                Rivals::None => matches!(self.verdict(costs), Verdict::Plain { .. }),
+                Rivals::Batch { cutoff } => self.acceptance.0.is_none_or(|a| a <= cutoff),
+            };
             self.probe_after = if still_off {
                 (self.probe_after * 2).clamp(FIRST_PROBE_AFTER, LONGEST_PROBE_AFTER)
             } else {
@@ -383,9 +456,9 @@ mod tests {
         costs: &mut PairCosts,
         (k, accepted, draft, verify): (usize, usize, f64, f64),
     ) {
-        costs.observe_verify(k, ms(verify));
+        costs.observe_pass(k + 1, ms(verify));
         costs.observe_drafting(0, Duration::ZERO, k, ms(draft));
-        c.observe(costs, k, accepted);
+        c.observe(costs, k, accepted, Rivals::None);
     }
 
     /// Runs rounds against a simulated pair: plain step 50 ms, each extra verified token
@@ -588,12 +661,14 @@ mod tests {
     }
 
     #[test]
-    fn verify_cost_is_interpolated_and_extrapolated() {
+    fn pass_cost_is_interpolated_and_extrapolated() {
         let mut costs = PairCosts::default();
-        costs.observe_verify(0, ms(50.0));
-        costs.observe_verify(4, ms(70.0));
+        costs.observe_pass(1, ms(50.0));
+        costs.observe_pass(5, ms(70.0));
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
-        assert!(close(costs.verify_seconds(2), 0.060));
-        assert!(close(costs.verify_seconds(8), 0.090));
+        assert!(close(costs.pass_seconds(3), 0.060));
+        assert!(close(costs.pass_seconds(9), 0.090));
+        assert!(close(costs.pass_seconds(1), 0.050));
+        assert_eq!(PairCosts::default().pass_seconds(4), 0.0);
     }
 }

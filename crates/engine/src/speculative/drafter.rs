@@ -102,6 +102,15 @@ pub trait Drafter {
     /// Starts a new sequence, sampled with `params`; it may share a prefix with the last one.
     fn start(&mut self, params: &SamplingParams) -> Result<(), Error>;
 
+    /// Whether the drafter keeps nothing between calls (its `start` and `catch_up` do nothing,
+    /// and `propose` depends on its input alone), so that it may propose for many sequences in
+    /// turn: a batch then verifies the drafts of all its sequences in one pass. A drafter that
+    /// follows one sequence (a model with its KV cache) drafts only for a sequence running
+    /// alone.
+    fn is_stateless(&self) -> bool {
+        false
+    }
+
     /// Brings whatever state the drafter keeps up to date with `input.tokens` except the last
     /// one; called before every [`propose`](Self::propose) and timed apart from it, so it
     /// returns once that work has run (a drafter on a device waits for it). Between drafting
@@ -277,6 +286,10 @@ impl Drafter for NgramDrafter {
 
     fn start(&mut self, _: &SamplingParams) -> Result<(), Error> {
         Ok(())
+    }
+
+    fn is_stateless(&self) -> bool {
+        true
     }
 
     fn propose(

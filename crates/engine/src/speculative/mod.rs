@@ -33,6 +33,7 @@
 //! see tokens and distributions.
 
 mod adaptive;
+mod batch;
 mod drafter;
 mod stats;
 
@@ -43,7 +44,8 @@ use std::time::{Duration, Instant};
 use lucebox_backend::Backend;
 use lucebox_model::Model;
 
-pub use adaptive::{CatchUp, DraftLength, MAX_DRAFT, PairCosts, Plan};
+pub use adaptive::{CatchUp, DraftLength, MAX_DRAFT, PairCosts, Plan, Rivals};
+pub(crate) use batch::{Offer, Pass, allot};
 pub use drafter::{Draft, DraftInput, Drafter, ModelDrafter, NgramDrafter};
 pub use stats::SpecStats;
 
@@ -201,7 +203,9 @@ impl<B: Backend> Speculator<B> {
             // Nothing is drafted beyond what may still be generated or fit in the context.
             let k = plan.wanted.min(out.remaining() - 1).min(room - 1);
             let round = self.round(pending, k, &plan, sampler)?;
-            round.record(k, &mut spec, &mut drafting.control, &mut self.costs);
+            round.price_own_pass(&mut self.costs);
+            let control = &mut drafting.control;
+            round.record(k, &mut spec, control, &mut self.costs, Rivals::None);
             let accepted = self.draft.tokens()[..round.accepted].iter().copied();
             if !accepted.chain([round.next]).all(|token| out.push(token)) {
                 return Ok((out.finish(), spec));
@@ -422,29 +426,37 @@ pub(crate) struct Round {
 }
 
 impl Round {
-    /// Counts this round, which asked for `k` drafted tokens, in the sequence's `spec` and
-    /// `control` and in the pair's `costs`. The statistics count all the time spent drafting;
-    /// the costs price a catch-up beyond a round's last token per token, apart from drafting,
-    /// and take nothing from a round that recorded a pass (a one-off cost).
+    /// Prices the round's verify pass in `costs`, when the round had the pass to itself.
+    pub(crate) fn price_own_pass(&self, costs: &mut PairCosts) {
+        if !self.recorded_a_pass {
+            costs.observe_pass(self.drafted + 1, self.verify_time);
+        }
+    }
+
+    /// Counts this round, which asked for `k` drafted tokens against `rivals`, in the
+    /// sequence's `spec` and `control` and in the pair's `costs`. The statistics count all the
+    /// time spent drafting; the costs price a catch-up beyond a round's last token per token,
+    /// apart from drafting, and take nothing from a round that recorded a pass (a one-off
+    /// cost). The target's pass is the caller's to price: a batch shares it.
     pub(crate) fn record(
         &self,
         k: usize,
         spec: &mut SpecStats,
         control: &mut DraftLength,
         costs: &mut PairCosts,
+        rivals: Rivals,
     ) {
         spec.record_round(self.drafted, self.accepted);
         spec.draft_time += self.drafting.catch_up + self.drafting.propose;
         spec.verify_time += self.verify_time;
         if !self.recorded_a_pass {
-            costs.observe_verify(self.drafted, self.verify_time);
             let d = &self.drafting;
             costs.observe_drafting(d.caught_up, d.catch_up, self.drafted, d.propose);
         }
         // A drafter with nothing to propose (n-gram lookup without a match) made a plain step
         // that says nothing of acceptance, nor of the probe schedule.
         if self.drafted > 0 || k == 0 {
-            control.observe(costs, self.drafted, self.accepted);
+            control.observe(costs, self.drafted, self.accepted, rivals);
         }
     }
 }
@@ -469,6 +481,18 @@ mod tests {
         }
     }
 
+    /// Records `round` as a lone sequence's, its pass priced too.
+    fn record_alone(
+        round: &Round,
+        k: usize,
+        spec: &mut SpecStats,
+        control: &mut DraftLength,
+        costs: &mut PairCosts,
+    ) {
+        round.price_own_pass(costs);
+        round.record(k, spec, control, costs, Rivals::None);
+    }
+
     /// Pair costs that have measured a 10 ms plain step, a sequence's control and statistics.
     fn after_a_plain_step() -> (DraftLength, PairCosts, SpecStats) {
         let mut costs = PairCosts::default();
@@ -480,7 +504,7 @@ mod tests {
             ..round(0, 0, 0)
         };
         let mut spec = SpecStats::default();
-        plain.record(0, &mut spec, &mut control, &mut costs);
+        record_alone(&plain, 0, &mut spec, &mut control, &mut costs);
         (control, costs, SpecStats::default())
     }
 
@@ -488,7 +512,13 @@ mod tests {
     fn a_drafter_s_prefill_counts_in_the_statistics_and_is_priced_per_token() {
         let (mut control, mut costs, mut spec) = after_a_plain_step();
         // The first round after a prompt of 500 tokens: the drafter's prefill took a second.
-        round(500, 1000, 12).record(2, &mut spec, &mut control, &mut costs);
+        record_alone(
+            &round(500, 1000, 12),
+            2,
+            &mut spec,
+            &mut control,
+            &mut costs,
+        );
         assert_eq!(spec.draft_time, Duration::from_millis(1012));
         assert!(
             control.choose(&costs, 1, 100).draft > 0,
@@ -543,7 +573,13 @@ mod tests {
     fn a_drafter_restarted_on_the_last_tokens_keeps_following_from_there() {
         let (mut control, mut costs, mut spec) = after_a_plain_step();
         // Catching up costs 2 ms a token, and rounds of four drafts save 2.4 ms a token.
-        round(500, 1000, 12).record(2, &mut spec, &mut control, &mut costs);
+        record_alone(
+            &round(500, 1000, 12),
+            2,
+            &mut spec,
+            &mut control,
+            &mut costs,
+        );
         let mut drafting = SequenceDrafting {
             control,
             view_from: 0,
@@ -570,12 +606,12 @@ mod tests {
     #[test]
     fn a_drafter_s_catch_up_between_drafting_rounds_is_part_of_their_price() {
         let (mut control, mut costs, mut spec) = after_a_plain_step();
-        round(0, 0, 12).record(2, &mut spec, &mut control, &mut costs);
+        record_alone(&round(0, 0, 12), 2, &mut spec, &mut control, &mut costs);
         // Plain steps take 10 ms, a drafter pass 6 ms, verifying two drafts 12 ms: rounds of
         // two drafts, both accepted, would give 3 tokens in 24 ms, but each also feeds the
         // drafter the last token it proposed, one more pass, and at 30 ms they do not pay.
         for _ in 0..50 {
-            round(1, 6, 12).record(2, &mut spec, &mut control, &mut costs);
+            record_alone(&round(1, 6, 12), 2, &mut spec, &mut control, &mut costs);
         }
         assert_eq!(
             control.choose(&costs, 1, 100),
@@ -593,16 +629,16 @@ mod tests {
             ..round(0, 0, 12)
         };
         let (mut control, mut costs, mut spec) = after_a_plain_step();
-        slow(true).record(2, &mut spec, &mut control, &mut costs);
+        record_alone(&slow(true), 2, &mut spec, &mut control, &mut costs);
         assert_eq!(spec.verify_time, Duration::from_millis(1000));
-        round(0, 0, 12).record(2, &mut spec, &mut control, &mut costs);
+        record_alone(&round(0, 0, 12), 2, &mut spec, &mut control, &mut costs);
         assert!(
             control.choose(&costs, 0, 100).draft > 0,
             "the recording is not the price of drafts"
         );
         let (mut control, mut costs, mut spec) = after_a_plain_step();
-        slow(false).record(2, &mut spec, &mut control, &mut costs);
-        round(0, 0, 12).record(2, &mut spec, &mut control, &mut costs);
+        record_alone(&slow(false), 2, &mut spec, &mut control, &mut costs);
+        record_alone(&round(0, 0, 12), 2, &mut spec, &mut control, &mut costs);
         assert_eq!(
             control.choose(&costs, 0, 100),
             Plan::PLAIN,
