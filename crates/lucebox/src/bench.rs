@@ -79,6 +79,10 @@ pub(crate) struct BenchArgs {
     /// With --serve: the most tokens per request (the prompt set's own limits also apply).
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// With --serve: send only these prompts of the set, by name (`code-edit,prose`)
+    /// [default: all of them in turn].
+    #[arg(long, requires = "serve", value_delimiter = ',')]
+    prompts: Vec<String>,
     /// Decode with this many sequences at once, one level after another, through the batch
     /// engine: each sequence's --prompt-tokens are prefilled, then --gen-tokens steps timed
     /// (aggregate tok/s, as llama.cpp's batched-bench reports).
@@ -100,10 +104,12 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             model: args.model.as_deref(),
             draft: args.draft.as_deref().unwrap_or("none"),
             threads: args.threads,
+            device: args.device,
             activations: args.activations,
             concurrency: &args.concurrency,
             requests: args.requests,
             max_tokens: args.max_tokens,
+            prompts: &args.prompts,
             json: args.json,
         });
     }

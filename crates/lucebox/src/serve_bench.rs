@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::load::Activations;
+use crate::load::{Activations, Device};
 use crate::spec_bench::{BenchPrompt, prompt_set};
 
 /// What to load and how.
@@ -27,12 +27,16 @@ pub(crate) struct ServeBenchArgs<'a> {
     /// The drafter `lucebox serve` gets (`none`, `ngram`, or a model).
     pub draft: &'a str,
     pub threads: Option<usize>,
+    /// The backend `lucebox serve` runs on.
+    pub device: Device,
     /// The target's activation precision `lucebox serve` gets.
     pub activations: Activations,
     pub concurrency: &'a [usize],
     /// Requests per concurrency level (default: twice the level, at least 8).
     pub requests: Option<usize>,
     pub max_tokens: usize,
+    /// The names of the prompts to send; empty: all of the set.
+    pub prompts: &'a [String],
     pub json: bool,
 }
 
@@ -70,12 +74,26 @@ pub(crate) fn run(args: ServeBenchArgs<'_>) -> anyhow::Result<()> {
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
-    let prompts = prompt_set()?;
+    let mut prompts = prompt_set()?;
+    if let Some(unknown) = args
+        .prompts
+        .iter()
+        .find(|name| !prompts.iter().any(|p| &p.name == *name))
+    {
+        let known: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
+        bail!(
+            "--prompts: no prompt {unknown:?} in the set ({})",
+            known.join(", ")
+        );
+    }
+    if !args.prompts.is_empty() {
+        prompts.retain(|p| args.prompts.contains(&p.name));
+    }
     let (base, _server) = match args.url {
         Some(url) => (url.trim_end_matches('/').to_owned(), None),
         None => {
             let model = args.model.context("--serve needs --model or --url")?;
-            let (url, child) = spawn_server(model, args.draft, args.threads, args.activations)?;
+            let (url, child) = spawn_server(model, &args)?;
             (url, Some(child))
         }
     };
@@ -139,23 +157,27 @@ pub(crate) fn run(args: ServeBenchArgs<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts `lucebox serve` on a free port and waits until it is ready.
-fn spawn_server(
-    model: &str,
-    draft: &str,
-    threads: Option<usize>,
-    activations: Activations,
-) -> anyhow::Result<(String, Spawned)> {
+/// Starts `lucebox serve` with `model` and the settings of `args` on a free port and waits
+/// until it is ready.
+fn spawn_server(model: &str, args: &ServeBenchArgs<'_>) -> anyhow::Result<(String, Spawned)> {
     let exe = std::env::current_exe().context("finding the lucebox binary")?;
     let mut command = Command::new(exe);
     command.args([
-        "serve", "--model", model, "--draft", draft, "--port", "0", "--queue", "1024",
+        "serve", "--model", model, "--draft", args.draft, "--port", "0", "--queue", "1024",
     ]);
-    if let Some(threads) = threads {
+    if let Some(threads) = args.threads {
         command.args(["--threads", &threads.to_string()]);
     }
-    if let Some(activations) = clap::ValueEnum::to_possible_value(&activations) {
-        command.args(["--activations", activations.get_name()]);
+    for (flag, value) in [
+        ("--device", clap::ValueEnum::to_possible_value(&args.device)),
+        (
+            "--activations",
+            clap::ValueEnum::to_possible_value(&args.activations),
+        ),
+    ] {
+        if let Some(value) = value {
+            command.args([flag, value.get_name()]);
+        }
     }
     let mut child = command
         .stdout(Stdio::null())
