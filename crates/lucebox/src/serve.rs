@@ -453,6 +453,17 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
         let tokenizer = Arc::clone(&tokenizer);
         Box::new(move |token| tokenizer.is_end_of_generation(token))
     };
+    let speculation = match &drafter {
+        None => json!(null),
+        Some(drafter) => {
+            let when = if drafter.is_stateless() {
+                "every running request, its drafts verified in the batch's pass where they pay"
+            } else {
+                "a request runs alone"
+            };
+            json!({"drafter": drafter_name, "draft_tokens_max": settings.draft_tokens, "draft_length": "adaptive", "when": when})
+        }
+    };
     let batcher = Batcher::new(
         Arc::clone(&target.model),
         config,
@@ -461,12 +472,6 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
     )
     .context("starting the batch engine")?;
     let context = batcher.config().context;
-    let speculation = match settings.draft {
-        None => json!(null),
-        Some(_) => {
-            json!({"drafter": drafter_name, "draft_tokens_max": settings.draft_tokens, "draft_length": "adaptive", "when": "a request runs alone"})
-        }
-    };
     let props = json!({
         "model": model_id,
         "model_path": target.path,
