@@ -197,9 +197,8 @@ struct Speculation {
     last: Option<SequenceId>,
     /// Vocabulary-sized zeros, scratch for rejection sampling.
     dense: Vec<f32>,
-    /// A batched step's drafting sequences (indices into the plan), their offers and the
-    /// rows each was given.
-    drafting: Vec<usize>,
+    /// A batched step's offers, one per plan entry that drafts, in plan order, and the rows
+    /// each was given.
     offers: Vec<Offer>,
     chosen: Vec<usize>,
     /// What this step's drafts competed with.
@@ -314,7 +313,6 @@ impl<B: Backend> Batcher<B> {
                 costs: PairCosts::default(),
                 last: None,
                 dense: vec![0.0; vocab],
-                drafting: Vec::with_capacity(config.max_sequences),
                 offers: Vec::with_capacity(config.max_sequences),
                 chosen: Vec::with_capacity(config.max_sequences),
                 rivals: Rivals::None,
@@ -393,14 +391,14 @@ impl<B: Backend> Batcher<B> {
         }
         let scored = self.plan.iter().filter(|p| p.scored).count();
         let room = budget.min(self.logits_rows - scored);
-        spec.drafting.clear();
         spec.offers.clear();
         spec.rivals = if alone {
             Rivals::None
         } else {
             Rivals::Batch { cutoff: 0.0 }
         };
-        for (at, p) in self.plan.iter_mut().enumerate() {
+        let allotted = !alone && matches!(spec.policy, DraftPolicy::Adaptive(_));
+        for p in &mut self.plan {
             let seq = &mut self.running[p.index];
             if p.count != 1 || !p.scored || seq.logprobs.is_some() {
                 continue;
@@ -428,14 +426,15 @@ impl<B: Backend> Batcher<B> {
             } else {
                 let k = spec.policy.longest().min(most);
                 let timing = run_drafter(&mut *spec.drafter, &seq.tokens, 0, k, &mut seq.draft)?;
-                spec.drafting.push(at);
-                let offer = seq.drafting.control.offer(seq.draft.len(), &spec.costs);
-                spec.offers.push(offer);
+                if allotted {
+                    let offer = seq.drafting.control.offer(seq.draft.len(), &spec.costs);
+                    spec.offers.push(offer);
+                }
                 (k, timing)
             };
             p.drafting = Some((wanted, timing));
         }
-        if !alone && matches!(spec.policy, DraftPolicy::Adaptive(_)) {
+        if allotted {
             self.allot_drafts(room);
         }
         let mut room = room;
@@ -467,8 +466,8 @@ impl<B: Backend> Batcher<B> {
         spec.chosen.resize(spec.offers.len(), 0);
         let cutoff = allot(&spec.costs, pass, &spec.offers, room, &mut spec.chosen);
         spec.rivals = Rivals::Batch { cutoff };
-        for (&at, &chosen) in spec.drafting.iter().zip(&spec.chosen) {
-            let p = &mut self.plan[at];
+        let drafting = self.plan.iter_mut().filter(|p| p.drafting.is_some());
+        for (p, &chosen) in drafting.zip(&spec.chosen) {
             let seq = &mut self.running[p.index];
             // A sequence that had drafts but was given none made a plain step by choice.
             if chosen == 0

@@ -343,6 +343,7 @@ impl DraftLength {
         let pair = costs
             .acceptance()
             .filter(|_| costs.outcomes >= MIN_PRIOR_OUTCOMES);
+        let probe_due = self.plain_steps >= self.probe_after;
         match (self.acceptance.0, pair) {
             (None, None) => Offer {
                 proposed: probe,
@@ -352,15 +353,13 @@ impl DraftLength {
                 proposed: probe,
                 acceptance: pair,
             },
-            (Some(own), pair) => match pair {
-                Some(pair) if self.plain_steps >= self.probe_after && pair > own => Offer {
-                    proposed: probe,
-                    acceptance: pair,
-                },
-                _ => Offer {
-                    proposed,
-                    acceptance: own,
-                },
+            (Some(own), Some(pair)) if probe_due && pair > own => Offer {
+                proposed: probe,
+                acceptance: pair,
+            },
+            (Some(own), _) => Offer {
+                proposed,
+                acceptance: own,
             },
         }
     }

@@ -47,9 +47,9 @@ pub(crate) struct Pass {
 
 /// Sets `chosen[i]`, the rows drafted for `offers[i]`, at most `room` in all, to make the
 /// step's expected tokens per second the highest, and at least [`REQUIRED_BATCH_GAIN`] times
-/// those of the pass without drafts (else none are drafted). Returns the value a first drafted row
-/// had to beat: that of the last row taken, or, when none was, the value one row would have
-/// needed. Nothing is drafted before any pass was measured.
+/// those of the pass without drafts (else none are drafted). Returns the value a first drafted
+/// row had to beat: that of the last row taken, or, when none was, the value one row would
+/// have needed. Nothing is drafted before any pass was measured.
 pub(crate) fn allot(
     costs: &PairCosts,
     pass: Pass,
