@@ -9,7 +9,7 @@ use std::sync::Arc;
 use lucebox_backend::{ActivationPrecision, CpuBackend};
 use lucebox_model::Model;
 
-use lucebox_engine::speculative::{DraftPolicy, NgramDrafter, SpecStats};
+use lucebox_engine::speculative::{DraftPolicy, NgramDrafter};
 use lucebox_engine::{
     BatchConfig, BatchEngine, Batcher, Event, GenerationStats, NewSequence, Rng, Sampler,
     SamplingParams, SequenceId, Session, SessionConfig, StopReason,
@@ -329,39 +329,6 @@ fn ngram_batcher(model: &Arc<Model<CpuBackend>>, policy: DraftPolicy) -> Batcher
     .unwrap()
 }
 
-/// Adds every request at once and steps until all are done: each one's tokens and
-/// speculation statistics, and the steps taken until the first one finished.
-fn run_together(
-    batcher: &mut Batcher<CpuBackend>,
-    requests: &[Request],
-) -> (Vec<(Vec<u32>, SpecStats)>, usize) {
-    let ids: Vec<SequenceId> = requests
-        .iter()
-        .map(|(p, params, n)| batcher.add(sequence(p, params, *n)).unwrap())
-        .collect();
-    let mut out = vec![(Vec::new(), None); requests.len()];
-    let (mut events, mut steps, mut first_finished) = (Vec::new(), 0, None);
-    while out.iter().any(|(_, spec)| spec.is_none()) {
-        events.clear();
-        batcher.step(&mut events).unwrap();
-        steps += 1;
-        assert!(steps < 1000, "the batcher makes no progress");
-        for event in events.drain(..) {
-            let (Event::Token { id, .. } | Event::Finished { id, .. }) = event;
-            let i = ids.iter().position(|known| *known == id).unwrap();
-            match event {
-                Event::Token { token, .. } => out[i].0.push(token),
-                Event::Finished { spec, .. } => {
-                    out[i].1 = Some(*spec.expect("a speculating batcher reports"));
-                    first_finished.get_or_insert(steps);
-                }
-            }
-        }
-    }
-    let out = out.into_iter().map(|(t, s)| (t, s.unwrap())).collect();
-    (out, first_finished.unwrap())
-}
-
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn a_lone_sequence_speculates_and_its_output_does_not_change() {
@@ -370,7 +337,7 @@ fn a_lone_sequence_speculates_and_its_output_does_not_change() {
     let params = SamplingParams::default();
     let expected = alone(&model, &prompt, &params, 40);
     let mut batcher = ngram_batcher(&model, DraftPolicy::Fixed(4));
-    let (out, _) = run_together(&mut batcher, &[(prompt, params, 40)]);
+    let (out, _) = common::run_together(&mut batcher, &[(prompt, params, 40)]);
     let (tokens, spec) = &out[0];
     assert_eq!(tokens, &expected);
     assert!(spec.drafted_tokens() > 0, "nothing was drafted: {spec:?}");
@@ -406,7 +373,7 @@ fn batched_sequences_verify_their_drafts_in_one_pass_and_each_output_is_its_own(
         .iter()
         .map(|request| {
             let mut batcher = ngram_batcher(&model, fixed);
-            run_together(&mut batcher, std::slice::from_ref(request)).0[0]
+            common::run_together(&mut batcher, std::slice::from_ref(request)).0[0]
                 .0
                 .clone()
         })
@@ -414,7 +381,7 @@ fn batched_sequences_verify_their_drafts_in_one_pass_and_each_output_is_its_own(
     for (i, (prompt, params, n)) in requests.iter().enumerate().take(3) {
         assert_eq!(lone[i], alone(&model, prompt, params, *n), "request {i}");
     }
-    let (out, first_finished) = run_together(&mut ngram_batcher(&model, fixed), &requests);
+    let (out, first_finished) = common::run_together(&mut ngram_batcher(&model, fixed), &requests);
     for (i, (tokens, spec)) in out.iter().enumerate() {
         assert_eq!(tokens, &lone[i], "request {i}");
         assert!(spec.accepted_tokens() > 0, "request {i}: {spec:?}");
@@ -426,7 +393,7 @@ fn batched_sequences_verify_their_drafts_in_one_pass_and_each_output_is_its_own(
         "the first finished after {first_finished} steps"
     );
     // The adaptive allotment decides from measured times, which vary; greedy output may not.
-    let (out, _) = run_together(
+    let (out, _) = common::run_together(
         &mut ngram_batcher(&model, DraftPolicy::Adaptive(8)),
         &requests,
     );

@@ -26,8 +26,7 @@ type GpuBackend = lucebox_backend::CudaBackend;
 type GpuBackend = lucebox_backend::HipBackend;
 use lucebox_engine::speculative::{DraftPolicy, ModelDrafter, NgramDrafter, SpecStats, Speculator};
 use lucebox_engine::{
-    BatchConfig, BatchEngine, Batcher, Event, Generator, NewSequence, Rng, Sampler, SamplingParams,
-    SequenceId, Session, SessionConfig,
+    BatchConfig, Batcher, Generator, Rng, Sampler, SamplingParams, Session, SessionConfig,
 };
 use lucebox_gguf::{GgmlType, GgufFile, GgufWriter};
 use lucebox_model::Model;
@@ -493,38 +492,19 @@ fn batched_ngram_speculation_equals_plain_greedy_on_the_device() {
                 Some((drafter, policy)),
             )
             .unwrap();
-            let ids: Vec<SequenceId> = prompts
+            let requests: Vec<_> = prompts
                 .iter()
-                .map(|prompt| {
-                    let sequence = NewSequence {
-                        prompt: prompt.clone(),
-                        sampler: Sampler::new(SamplingParams::default()),
-                        max_tokens: 64,
-                        logprobs: None,
-                    };
-                    batcher.add(sequence).unwrap()
-                })
+                .map(|prompt| (prompt.clone(), SamplingParams::default(), 64))
                 .collect();
-            let mut out = vec![Vec::new(); ids.len()];
-            let (mut events, mut spec, mut steps) = (Vec::new(), SpecStats::default(), 0);
-            while batcher.load().running + batcher.load().waiting > 0 {
-                events.clear();
-                batcher.step(&mut events).unwrap();
-                steps += 1;
-                for event in &events {
-                    match event {
-                        Event::Token { id, token, .. } => {
-                            out[ids.iter().position(|i| i == id).unwrap()].push(*token);
-                        }
-                        Event::Finished { spec: s, .. } => spec.add(s.as_ref().unwrap()),
-                    }
-                }
-            }
+            let (out, first_finished) = common::run_together(&mut batcher, &requests);
+            let mut spec = SpecStats::default();
+            out.iter().for_each(|(_, s)| spec.add(s));
+            let out: Vec<Vec<u32>> = out.into_iter().map(|(tokens, _)| tokens).collect();
             assert_eq!(out, expected, "{tuning:?}, {policy:?}");
             println!(
-                "{tuning:?}, {policy:?}: {} sequences together in {steps} steps, {} of {} drafts \
-                 accepted: identical to plain",
-                ids.len(),
+                "{tuning:?}, {policy:?}: {} sequences together, the first done after \
+                 {first_finished} steps, {} of {} drafts accepted: identical to plain",
+                requests.len(),
                 spec.accepted_tokens(),
                 spec.drafted_tokens()
             );

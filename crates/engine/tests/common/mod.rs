@@ -4,6 +4,10 @@
 use std::sync::Arc;
 
 use lucebox_backend::{ActivationPrecision, Backend, BatchCapacity, CpuBackend, RaggedBatch};
+use lucebox_engine::speculative::SpecStats;
+use lucebox_engine::{
+    BatchEngine, Batcher, Event, NewSequence, Sampler, SamplingParams, SequenceId,
+};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
@@ -136,4 +140,49 @@ pub fn assert_each_sequence_gets_its_own_logits<B: Backend>(
 pub fn prefill_logits<B: Backend>(model: &Model<B>, tokens: &[u32]) -> Vec<f32> {
     let order: Vec<(usize, usize)> = (0..tokens.len()).map(|i| (0, i)).collect();
     batched_logits(model, &[tokens.to_vec()], &order).remove(0)
+}
+
+/// Adds every request (prompt, sampling, most tokens) to a speculating `batcher` at once and
+/// steps until all are done: each one's tokens and speculation statistics, and the steps taken
+/// until the first one finished.
+pub fn run_together<B: Backend>(
+    batcher: &mut Batcher<B>,
+    requests: &[(Vec<u32>, SamplingParams, usize)],
+) -> (Vec<(Vec<u32>, SpecStats)>, usize)
+where
+    Batcher<B>: Send,
+{
+    let ids: Vec<SequenceId> = requests
+        .iter()
+        .map(|(prompt, params, max_tokens)| {
+            let sequence = NewSequence {
+                prompt: prompt.clone(),
+                sampler: Sampler::new(params.clone()),
+                max_tokens: *max_tokens,
+                logprobs: None,
+            };
+            batcher.add(sequence).unwrap()
+        })
+        .collect();
+    let mut out = vec![(Vec::new(), None); requests.len()];
+    let (mut events, mut steps, mut first_finished) = (Vec::new(), 0, None);
+    while out.iter().any(|(_, spec)| spec.is_none()) {
+        events.clear();
+        batcher.step(&mut events).unwrap();
+        steps += 1;
+        assert!(steps < 1000, "the batcher makes no progress");
+        for event in events.drain(..) {
+            let (Event::Token { id, .. } | Event::Finished { id, .. }) = event;
+            let i = ids.iter().position(|known| *known == id).unwrap();
+            match event {
+                Event::Token { token, .. } => out[i].0.push(token),
+                Event::Finished { spec, .. } => {
+                    out[i].1 = Some(*spec.expect("a speculating batcher reports"));
+                    first_finished.get_or_insert(steps);
+                }
+            }
+        }
+    }
+    let out = out.into_iter().map(|(t, s)| (t, s.unwrap())).collect();
+    (out, first_finished.unwrap())
 }
