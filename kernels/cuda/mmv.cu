@@ -73,15 +73,6 @@ static __device__ __forceinline__ void dot_spans(float acc[TOKENS], const uint8_
     }
 }
 
-// One of the matrices a quantized matvec launch covers: `rows` rows at w, each with its bias
-// (if any), written to out.
-struct MatvecPart {
-    const uint8_t *w;
-    int rows;
-    const float *bias;
-    float *out;
-};
-
 // The part that row `row` of the launch's parts lies in, and its row there; false past them all.
 // Chosen by comparisons, not by indexing an array, which would put the parts in memory.
 template <int PARTS>

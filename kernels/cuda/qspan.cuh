@@ -9,6 +9,15 @@
 
 #define SPAN 32
 
+// One of the matrices a quantized matmul launch covers (mmv.cu, mmt.cu): `rows` rows at w,
+// each with its bias (if any), written to out.
+struct MatvecPart {
+    const uint8_t *w;
+    int rows;
+    const float *bias;
+    float *out;
+};
+
 // A span's 32 weights, as two runs of 16 quants packed four to an int (byte i of
 // lo[k] is quant 4k + i of the run): run `lo` covers columns first..first+16 and its values are
 // d_lo * q + m_lo; likewise `hi` from column second. A run never straddles a group of 32

@@ -6,7 +6,7 @@
 // every pass" gives the H200's figures.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o mmt-bench tests/cuda/mmt/bench.cu && ./mmt-bench
-//   (-DMMT2_WARPS=8 and -DMMT2_STAGES=3 for the other block shapes measured there)
+//   (-DMMT_WARPS=8 and -DMMT_STAGES=3 for the other block shapes measured there)
 //   MMT_PROFILE=1 ncu --kernel-name regex:mmt4 ./mmt-bench    (one launch of each, gate and up)
 
 #include "../../../kernels/cuda/mmq.cu"
@@ -104,7 +104,7 @@ static int split_for(int units, int blocks, int target) {
 static void launch_mmt(const Variant &v, const uint8_t *w, const Shape &s, const Quantized &x,
                        int tokens, float *out) {
     const unsigned long long row_bytes = s.cols / 256 * 144;
-    const int blocks = s.cols / 256, row_blocks = (s.rows + MMT2_ROWS - 1) / MMT2_ROWS;
+    const int blocks = s.cols / 256, row_blocks = (s.rows + MMT_BLOCK_ROWS - 1) / MMT_BLOCK_ROWS;
     // mmv256 takes the split of the mmt4 with the same target, whose bits it gives.
     const int ksplit = split_for(row_blocks, blocks, v.per_sm * g_sms);
     const int tiles = (tokens + MMT_TOKENS - 1) / MMT_TOKENS;
@@ -112,12 +112,13 @@ static void launch_mmt(const Variant &v, const uint8_t *w, const Shape &s, const
     const size_t off = x.hi - g_hi;
     switch (v.kernel) {
     case Kernel::Mmt2:
-        mmt2_q4_k<<<dim3(row_blocks * ksplit, tiles), MMT2_WARPS * 32, MMT2_SMEM>>>(
-            w, s.rows, row_bytes, s.cols, ksplit, x.hi, x.lo, x.scales, x.sums, tokens, out,
-            g_partials, g_counters);
+        mmt_q4_k<<<row_blocks * ksplit * tiles, MMT_WARPS * 32>>>(
+            w, s.rows, nullptr, out, nullptr, 0, nullptr, nullptr, nullptr, 0, nullptr, nullptr,
+            row_bytes, s.cols, x.hi, x.lo, x.scales, x.sums, tokens, ksplit, g_partials,
+            g_counters);
         break;
     case Kernel::Mmt4:
-        mmt4_q4_k<<<dim3(row_blocks * ksplit, tiles), MMT2_WARPS * 32, MMT4_SMEM>>>(
+        mmt4_q4_k<<<row_blocks * ksplit * tiles, MMT_WARPS * 32>>>(
             w, s.rows, row_bytes, s.cols, ksplit, g_hi256 + off, g_lo256 + off,
             g_scales256 + off / 256, g_bsums256 + off / 16, tokens, out, g_partials, g_counters);
         break;
@@ -125,11 +126,11 @@ static void launch_mmt(const Variant &v, const uint8_t *w, const Shape &s, const
         static int per_sm = 0;
         if (per_sm == 0) {
             CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mmt5_q4_k,
-                                                                MMT2_WARPS * 32, MMT4_SMEM));
+                                                                MMT_WARPS * 32, MMT4_SMEM));
         }
         const long long steps = (long long)row_blocks * blocks;
         const long long grid = std::min<long long>(steps, (long long)per_sm * g_sms);
-        mmt5_q4_k<<<dim3((unsigned)grid, tiles), MMT2_WARPS * 32, MMT4_SMEM>>>(
+        mmt5_q4_k<<<dim3((unsigned)grid, tiles), MMT_WARPS * 32, MMT4_SMEM>>>(
             w, s.rows, row_bytes, s.cols, g_hi256 + off, g_lo256 + off,
             g_scales256 + off / 256, g_bsums256 + off / 16, tokens, out, g_partials, g_counters);
         break;
@@ -203,10 +204,6 @@ template <typename F> static float time_us(F launch, int reps) {
 
 int main() {
     CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
-    CHECK(cudaFuncSetAttribute(mmt2_q4_k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               MMT2_SMEM));
-    CHECK(cudaFuncSetAttribute(mmt4_q4_k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               MMT4_SMEM));
     CHECK(cudaFuncSetAttribute(mmt5_q4_k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                MMT4_SMEM));
     CHECK(cudaMalloc(&g_partials, (size_t)16 * 16 * 151936 * 4));

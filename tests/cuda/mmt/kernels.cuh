@@ -1,204 +1,20 @@
-// Candidate matmuls for every pass of a Q4_K matrix on the tensor cores, measured by bench.cu
-// beside it and not used by the backend (the README's "Tensor cores for every pass" says what
-// they showed and what adopting them takes):
+// Candidate matmuls for every pass of a Q4_K matrix on the tensor cores beside the one the
+// backend runs (kernels/cuda/mmt.cu, `mmt_q4_k`, called mmt2 here), measured by bench.cu (the
+// README's "Tensor cores for every pass" says what they showed):
 //
-// - mmt2: int8 m16n8k32 mma with the backend's two-part activations in groups of 32, blocks of
-//   MMT2_WARPS warps of 16 weight rows streaming super-blocks through shared memory;
-// - mmt4: the same with activations in groups of 256 (quantize_q8_256), integer sums per
-//   super-block and one float expression per super-block (superblock_value);
+// - mmt4: mmt2's streaming block with activations in groups of 256 (quantize_q8_256), integer
+//   sums per super-block and one float expression per super-block (superblock_value);
 // - mmt5: mmt4's products, the work dealt out in equal ranges to a fixed grid (stream-K);
 // - mmv256: a one-row matvec on mmt4's activations that gives mmt4's bits.
 //
-// Each computes a row the same way whatever the other activation rows of the pass, so one of
-// them could serve decode, verify steps, batches and prefill alike. Where a lane's columns
-// sit inside an mma is free as long as weights and activations agree, so each lane feeds 8
-// consecutive columns: 8 bytes of a row of activations, and the matching nibbles of its two
-// weight rows, which lie in 8 consecutive bytes of a Q4_K block.
+// Each computes a row the same way whatever the other activation rows of the pass.
 #pragma once
 
+#include "../../../kernels/cuda/mmt.cu"
 #include "../../../kernels/cuda/q8.cuh"
-#include "../../../kernels/cuda/qspan.cuh"
 
-#define MMT_ROWS 16
-#define MMT_TOKENS 8
-
-// c = a . b over 32 columns: a 16 x 32 (row), b 32 x 8 (column), in the fragment layout of
-// PTX's m16n8k32 .s8 mma (lane = 4 * group + t: a0, a2 row `group`, a1, a3 row group + 8, each
-// four columns 4t.. and 16 + 4t..; b0, b1 the same columns of column `group`).
-static __device__ __forceinline__ void mma_k32(int c[4], const int a[4], int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
-}
-
-// The f16 in the low (high = false) or high half of w.
-static __device__ __forceinline__ float half_of(unsigned w, bool high) {
-    return __half2float(__ushort_as_half((unsigned short)(high ? w >> 16 : w & 0xFFFF)));
-}
-
-// mmt2: blocks of MMT2_WARPS warps over 16 weight rows each and one tile of 8 activation rows, which stream
-// the super-blocks of their K range through shared memory (cp.async, MMT2_STAGES in flight):
-// each weight byte is read from global memory once, in 16-byte pieces, and each warp loads its
-// fragments from shared memory, where rows are padded so that a warp's loads fall in distinct
-// banks. Where a matrix has fewer row blocks than the GPU has room for, the super-blocks are
-// cut into `ksplit` ranges, one block each; the last block of a row block to finish adds the
-// ranges' sums in order (a counter per row block and tile, left at zero).
-#ifndef MMT2_WARPS
-#define MMT2_WARPS 4
-#endif
-#define MMT2_ROWS (MMT2_WARPS * MMT_ROWS)
-#ifndef MMT2_STAGES
-#define MMT2_STAGES 2
-#endif
-#define MMT2_W_STRIDE 160
-#define MMT2_X_STRIDE 288
-#define MMT2_S_STRIDE 144
-#define MMT2_X_HI (MMT2_ROWS * MMT2_W_STRIDE)
-#define MMT2_X_LO (MMT2_X_HI + MMT_TOKENS * MMT2_X_STRIDE)
-#define MMT2_SCALES (MMT2_X_LO + MMT_TOKENS * MMT2_X_STRIDE)
-#define MMT2_STAGE_BYTES (MMT2_SCALES + MMT_TOKENS * MMT2_S_STRIDE)
-#define MMT2_SMEM (MMT2_STAGES * MMT2_STAGE_BYTES)
-
-// The stages of the streaming kernels (dynamic shared memory, sized at launch).
+// The stages of mmt5 (dynamic shared memory, sized at launch).
 extern __shared__ __align__(16) uint8_t smem[];
-
-static __device__ __forceinline__ void copy16_async(uint8_t *to, const void *from) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                     (unsigned)__cvta_generic_to_shared(to)),
-                 "l"(from));
-}
-
-static __device__ __forceinline__ void copy8_async(uint8_t *to, const void *from) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(
-                     (unsigned)__cvta_generic_to_shared(to)),
-                 "l"(from));
-}
-
-static __device__ __forceinline__ void commit_copies() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Waits until at most `pending` groups of this thread's copies are in flight.
-template <int pending> static __device__ __forceinline__ void wait_copies() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
-}
-
-// Copies super-block blk of the block's 128 rows into a stage.
-static __device__ __forceinline__ void stage_q4_k_weights(uint8_t *stage, const uint8_t *w,
-                                                          int row0, int rows,
-                                                          unsigned long long row_bytes,
-                                                          unsigned blk) {
-    for (int p = threadIdx.x; p < MMT2_ROWS * 9; p += blockDim.x) {
-        const int r = p / 9, piece = p % 9;
-        const int row = min(row0 + r, rows - 1);
-        copy16_async(stage + r * MMT2_W_STRIDE + 16 * piece,
-                     w + (size_t)row * row_bytes + (size_t)blk * 144 + 16 * piece);
-    }
-}
-
-// Copies the activations of super-block blk for rows t0.. into a stage: both parts, and per
-// group of 32 (d_hi, d_lo, sum of the first 16, sum of the second 16).
-static __device__ __forceinline__ void stage_activations(uint8_t *stage, const signed char *x_hi,
-                                                         const signed char *x_lo,
-                                                         const float2 *x_scales,
-                                                         const float *x_sums, int cols,
-                                                         int t0, int tokens, unsigned blk) {
-    const unsigned groups = cols / SPAN;
-    for (int p = threadIdx.x; p < MMT_TOKENS * 32; p += blockDim.x) {
-        const int tok = p / 32, part = (p / 16) % 2, piece = p % 16;
-        if (t0 + tok < tokens) {
-            copy16_async(stage + (part ? MMT2_X_LO : MMT2_X_HI) + tok * MMT2_X_STRIDE + 16 * piece,
-                         (part ? x_lo : x_hi) + (size_t)(t0 + tok) * cols + 256 * blk +
-                             16 * piece);
-        }
-    }
-    for (int p = threadIdx.x; p < MMT_TOKENS * 16; p += blockDim.x) {
-        const int tok = p / 16, g = (p / 2) % 8, sums = p % 2;
-        if (t0 + tok < tokens) {
-            const size_t group = (size_t)(t0 + tok) * groups + 8 * blk + g;
-            copy8_async(stage + MMT2_SCALES + tok * MMT2_S_STRIDE + 16 * g + 8 * sums,
-                        sums ? (const void *)(x_sums + 2 * group) : (const void *)(x_scales + group));
-        }
-    }
-}
-
-// The integer products of sub-block `sub` of a staged super-block (pa, pb: this lane's bytes
-// of its chunk of nibbles in rows `group` and group + 8) with each part of activation row
-// `group`, in the mma's layout: ch, cl hold rows group and group + 8 times activation rows 2t
-// and 2t + 1.
-static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, uint2 pa,
-                                                          uint2 pb, unsigned sub, int group,
-                                                          int t, int ch[4], int cl[4]) {
-    const unsigned shift = 4 * (sub % 2);
-    const int a[4] = {(int)((pa.x >> shift) & 0x0F0F0F0F), (int)((pb.x >> shift) & 0x0F0F0F0F),
-                      (int)((pa.y >> shift) & 0x0F0F0F0F), (int)((pb.y >> shift) & 0x0F0F0F0F)};
-    const uint8_t *x = stage + MMT2_X_HI + group * MMT2_X_STRIDE + 32 * sub + 8 * t;
-    const int2 xh = *(const int2 *)x;
-    const int2 xl = *(const int2 *)(x + MMT2_X_LO - MMT2_X_HI);
-    mma_k32(ch, a, xh.x, xh.y);
-    mma_k32(cl, a, xl.x, xl.y);
-}
-
-// The rows of this lane in a staged super-block, rows `group` and group + 8 of the warp's 16:
-// for each sub-block, `use(sub, ch, cl, sc_a, m_a, sc_b, m_b, d)` with its integer products
-// (sub_block_products), the two rows' 6-bit scales and minimums, and their (d, dmin, d, dmin),
-// which it also returns.
-template <typename Use>
-static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage, int warp,
-                                                           int group, int t, Use use) {
-    const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT2_W_STRIDE;
-    const uint8_t *rb = ra + 8 * MMT2_W_STRIDE;
-    const uint4 head_a = *(const uint4 *)ra, head_b = *(const uint4 *)rb;
-    const unsigned qa[3] = {head_a.y, head_a.z, head_a.w};
-    const unsigned qb[3] = {head_b.y, head_b.z, head_b.w};
-    const float4 d = make_float4(half_of(head_a.x, false), half_of(head_a.x, true),
-                                 half_of(head_b.x, false), half_of(head_b.x, true));
-#pragma unroll
-    for (unsigned chunk = 0; chunk < 4; chunk++) {
-        const uint2 pa = *(const uint2 *)(ra + 16 + 32 * chunk + 8 * t);
-        const uint2 pb = *(const uint2 *)(rb + 16 + 32 * chunk + 8 * t);
-#pragma unroll
-        for (unsigned high = 0; high < 2; high++) {
-            const unsigned sub = 2 * chunk + high;
-            int ch[4], cl[4];
-            sub_block_products(stage, pa, pb, sub, group, t, ch, cl);
-            int sc_a, m_a, sc_b, m_b;
-            scale_min_k4_words(qa, sub, &sc_a, &m_a);
-            scale_min_k4_words(qb, sub, &sc_b, &m_b);
-            use(sub, ch, cl, sc_a, m_a, sc_b, m_b, d);
-        }
-    }
-    return d;
-}
-
-// Adds a staged super-block's products to this lane's four outputs (rows `group` and group + 8
-// of the warp's 16, times activation rows 2t and 2t + 1 of the tile), for activations in
-// groups of 32: each sub-block's integer sums are scaled in float.
-static __device__ __forceinline__ void q4_k_superblock_32(const uint8_t *stage, int warp,
-                                                          int group, int t, float acc[4]) {
-    const int got0 = 2 * t, got1 = got0 + 1;
-    for_each_sub_block(stage, warp, group, t,
-                       [&](unsigned sub, const int ch[4], const int cl[4], int sc_a, int m_a,
-                           int sc_b, int m_b, float4 d) {
-        const float d_a = d.x, dmin_a = d.y, d_b = d.z, dmin_b = d.w;
-        const float4 s0 =
-            *(const float4 *)(stage + MMT2_SCALES + got0 * MMT2_S_STRIDE + 16 * sub);
-        const float4 s1 =
-            *(const float4 *)(stage + MMT2_SCALES + got1 * MMT2_S_STRIDE + 16 * sub);
-        const float sum0 = s0.z + s0.w, sum1 = s1.z + s1.w;
-        const float v00 = s0.x * exact_float(ch[0]) + s0.y * exact_float(cl[0]);
-        const float v01 = s1.x * exact_float(ch[1]) + s1.y * exact_float(cl[1]);
-        const float v10 = s0.x * exact_float(ch[2]) + s0.y * exact_float(cl[2]);
-        const float v11 = s1.x * exact_float(ch[3]) + s1.y * exact_float(cl[3]);
-        const float ds_a = d_a * (float)sc_a, dm_a = dmin_a * (float)m_a;
-        const float ds_b = d_b * (float)sc_b, dm_b = dmin_b * (float)m_b;
-        acc[0] += ds_a * v00 - dm_a * sum0;
-        acc[1] += ds_a * v01 - dm_a * sum1;
-        acc[2] += ds_b * v10 - dm_b * sum0;
-        acc[3] += ds_b * v11 - dm_b * sum1;
-    });
-}
 
 // mmt4: mmt2 with activations quantized per 256 values (one (d_hi, d_lo) per super-block, and
 // the integer sum of each part per sub-block of 32), as the CPU quantizes them for the
@@ -206,10 +22,10 @@ static __device__ __forceinline__ void q4_k_superblock_32(const uint8_t *stage, 
 // and the float work is done once per super-block instead of once per sub-block.
 #define MMT4_STRIDE_SCALES 16
 #define MMT4_BSUMS_STRIDE 144
-#define MMT4_SCALES (MMT2_X_LO + MMT_TOKENS * MMT2_X_STRIDE)
+#define MMT4_SCALES (MMT_X_LO + MMT_TOKENS * MMT_X_STRIDE)
 #define MMT4_BSUMS (MMT4_SCALES + MMT_TOKENS * MMT4_STRIDE_SCALES)
 #define MMT4_STAGE_BYTES (MMT4_BSUMS + MMT_TOKENS * MMT4_BSUMS_STRIDE)
-#define MMT4_SMEM (MMT2_STAGES * MMT4_STAGE_BYTES)
+#define MMT4_SMEM (MMT_STAGES * MMT4_STAGE_BYTES)
 
 // Activations in 256-groups: hi, lo (tokens x cols), scales (d_hi, d_lo) per 256, and per 16
 // the integer sums (of hi, of lo).
@@ -259,7 +75,7 @@ static __device__ __forceinline__ void stage_activations_256(uint8_t *stage,
     for (int p = threadIdx.x; p < MMT_TOKENS * 32; p += blockDim.x) {
         const int tok = p / 32, part = (p / 16) % 2, piece = p % 16;
         if (t0 + tok < tokens) {
-            copy16_async(stage + (part ? MMT2_X_LO : MMT2_X_HI) + tok * MMT2_X_STRIDE + 16 * piece,
+            copy16_async(stage + (part ? MMT_X_LO : MMT_X_HI) + tok * MMT_X_STRIDE + 16 * piece,
                          (part ? x_lo : x_hi) + (size_t)(t0 + tok) * cols + 256 * blk +
                              16 * piece);
         }
@@ -330,22 +146,6 @@ static __device__ __forceinline__ void q4_k_superblock_256(const uint8_t *stage,
     }
 }
 
-// Activations in groups of 32 (the backend's): how a stage holds them and how a staged
-// super-block is multiplied.
-struct Activations32 {
-    const signed char *hi, *lo;
-    const float2 *scales;
-    const float *sums;
-    static constexpr int STAGE_BYTES = MMT2_STAGE_BYTES;
-    __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
-        stage_activations(to, hi, lo, scales, sums, cols, t0, tokens, blk);
-    }
-    __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
-                             float acc[4]) const {
-        q4_k_superblock_32(stage, warp, group, t, acc);
-    }
-};
-
 // Activations in groups of 256 (quantize_q8_256).
 struct Activations256 {
     const signed char *hi, *lo;
@@ -361,117 +161,15 @@ struct Activations256 {
     }
 };
 
-// mmt2 and mmt4: block (row block, range) of grid.x and tile grid.y streams its range's
-// super-blocks through MMT2_STAGES stages, then writes its outputs, or with several ranges its
-// partial sums, of which the last block of the row block to finish adds all in range order.
-template <typename Activations>
-static __device__ __forceinline__ void mmt_streamed(const uint8_t *w, int rows,
-                                                    unsigned long long row_bytes, int cols,
-                                                    int ksplit, const Activations &x,
-                                                    int tokens, float *out, float *partials,
-                                                    unsigned *counters) {
-    __shared__ bool last;
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int group = lane / 4, t = lane % 4;
-    const int row_blocks = (rows + MMT2_ROWS - 1) / MMT2_ROWS;
-    const int row_block = blockIdx.x % row_blocks, range = blockIdx.x / row_blocks;
-    const int row0 = row_block * MMT2_ROWS, t0 = blockIdx.y * MMT_TOKENS;
-    const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
-    const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
-    const int n = last_blk > first ? (int)(last_blk - first) : 0;
-    START_NEXT_KERNEL();
-#pragma unroll
-    for (int i = 0; i < MMT2_STAGES - 1; i++) {
-        if (i < n) {
-            stage_q4_k_weights(smem + i * Activations::STAGE_BYTES, w, row0, rows, row_bytes,
-                               first + i);
-        }
-    }
-    WAIT_FOR_PREVIOUS_KERNEL();
-#pragma unroll
-    for (int i = 0; i < MMT2_STAGES - 1; i++) {
-        if (i < n) {
-            x.stage(smem + i * Activations::STAGE_BYTES, cols, t0, tokens, first + i);
-        }
-        commit_copies();
-    }
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 1
-    for (int i = 0; i < n; i++) {
-        wait_copies<MMT2_STAGES - 2>();
-        __syncthreads();
-        const int next = i + MMT2_STAGES - 1;
-        if (next < n) {
-            uint8_t *stage = smem + (next % MMT2_STAGES) * Activations::STAGE_BYTES;
-            stage_q4_k_weights(stage, w, row0, rows, row_bytes, first + next);
-            x.stage(stage, cols, t0, tokens, first + next);
-        }
-        commit_copies();
-        x.multiply(smem + (i % MMT2_STAGES) * Activations::STAGE_BYTES, warp, group, t, acc);
-    }
-    const int got0 = 2 * t, got1 = got0 + 1;
-    const int row_a = row0 + MMT_ROWS * warp + group, row_b = row_a + 8;
-    const int tok0 = t0 + got0, tok1 = t0 + got1;
-    const bool has[4] = {row_a < rows && tok0 < tokens, row_a < rows && tok1 < tokens,
-                         row_b < rows && tok0 < tokens, row_b < rows && tok1 < tokens};
-    const size_t at[4] = {(size_t)tok0 * rows + row_a, (size_t)tok1 * rows + row_a,
-                          (size_t)tok0 * rows + row_b, (size_t)tok1 * rows + row_b};
-    if (ksplit == 1) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (has[i]) out[at[i]] = acc[i];
-        }
-        return;
-    }
-    float *mine = partials + (size_t)(blockIdx.y * ksplit + range) * MMT_TOKENS * rows;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (has[i]) mine[at[i] - (size_t)t0 * rows] = acc[i];
-    }
-    __threadfence();
-    __syncthreads();
-    unsigned *counter = counters + blockIdx.y * row_blocks + row_block;
-    if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1) == (unsigned)ksplit - 1;
-    }
-    __syncthreads();
-    if (!last) {
-        return;
-    }
-    __threadfence();
-    const float *tile = partials + (size_t)blockIdx.y * ksplit * MMT_TOKENS * rows;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (has[i]) {
-            float sum = 0.0f;
-            for (int r = 0; r < ksplit; r++) {
-                sum += __ldcg(tile + (size_t)r * MMT_TOKENS * rows + at[i] - (size_t)t0 * rows);
-            }
-            out[at[i]] = sum;
-        }
-    }
-    if (threadIdx.x == 0) {
-        *counter = 0;
-    }
-}
-
-
-extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
-    mmt2_q4_k(const uint8_t *w, int rows, unsigned long long row_bytes, int cols, int ksplit,
-              const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
-              const float *x_sums, int tokens, float *out, float *partials,
-              unsigned *counters) {
-    mmt_streamed(w, rows, row_bytes, cols, ksplit, Activations32{x_hi, x_lo, x_scales, x_sums},
-                 tokens, out, partials, counters);
-}
-
-extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
+extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)
     mmt4_q4_k(const uint8_t *w, int rows, unsigned long long row_bytes, int cols, int ksplit,
               const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
               const int2 *x_bsums, int tokens, float *out, float *partials,
               unsigned *counters) {
-    mmt_streamed(w, rows, row_bytes, cols, ksplit,
-                 Activations256{x_hi, x_lo, x_scales, x_bsums}, tokens, out, partials, counters);
+    mmt_q4_k_block({w, rows, nullptr, out}, {nullptr, 0, nullptr, nullptr},
+                   {nullptr, 0, nullptr, nullptr}, row_bytes, cols,
+                   Activations256{x_hi, x_lo, x_scales, x_bsums}, tokens, ksplit, partials,
+                   counters);
 }
 
 // mmt5: mmt4's products with the work cut evenly between a fixed grid of blocks (stream-K):
@@ -505,11 +203,11 @@ static __device__ __forceinline__ void stage_step(uint8_t *stage, long long i, i
                                                   int t0, int tokens) {
     const int row_block = (int)(i / per_row_block);
     const unsigned blk = (unsigned)(i % per_row_block);
-    stage_q4_k_weights(stage, w, row_block * MMT2_ROWS, rows, row_bytes, blk);
+    stage_q4_k_weights(stage, w, row_block * MMT_BLOCK_ROWS, rows, row_bytes, blk);
     stage_activations_256(stage, x_hi, x_lo, x_scales, x_bsums, cols, t0, tokens, blk);
 }
 
-extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
+extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)
     mmt5_q4_k(const uint8_t *w, int rows, unsigned long long row_bytes, int cols,
               const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
               const int2 *x_bsums, int tokens, float *out, float *partials,
@@ -517,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
     __shared__ bool last;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int group = lane / 4, t = lane % 4;
-    const int row_blocks = (rows + MMT2_ROWS - 1) / MMT2_ROWS, per_row_block = cols / 256;
+    const int row_blocks = (rows + MMT_BLOCK_ROWS - 1) / MMT_BLOCK_ROWS, per_row_block = cols / 256;
     const StreamRanges ranges = {(long long)row_blocks * per_row_block, (int)gridDim.x,
                                  per_row_block};
     const int b = blockIdx.x, t0 = blockIdx.y * MMT_TOKENS;
@@ -538,13 +236,13 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
     for (int k = 0; k < n; k++) {
         const long long i = begin + k;
         if (k + 1 < n) {
-            stage_step(smem + ((k + 1) % MMT2_STAGES) * MMT4_STAGE_BYTES, i + 1, per_row_block,
+            stage_step(smem + ((k + 1) % MMT_STAGES) * MMT4_STAGE_BYTES, i + 1, per_row_block,
                        w, rows, row_bytes, cols, x_hi, x_lo, x_scales, x_bsums, t0, tokens);
         }
         commit_copies();
         wait_copies<1>();
         __syncthreads();
-        q4_k_superblock_256(smem + (k % MMT2_STAGES) * MMT4_STAGE_BYTES, warp, group, t, acc);
+        q4_k_superblock_256(smem + (k % MMT_STAGES) * MMT4_STAGE_BYTES, warp, group, t, acc);
         // The stage just read is the next one staged into.
         __syncthreads();
         const bool row_block_ends = (i + 1) % per_row_block == 0 || k + 1 == n;
@@ -552,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
             continue;
         }
         const int row_block = (int)(i / per_row_block);
-        const int row_a = row_block * MMT2_ROWS + MMT_ROWS * warp + group, row_b = row_a + 8;
+        const int row_a = row_block * MMT_BLOCK_ROWS + MMT_ROWS * warp + group, row_b = row_a + 8;
         const bool has[4] = {row_a < rows && tok0 < tokens, row_a < rows && tok1 < tokens,
                              row_b < rows && tok0 < tokens, row_b < rows && tok1 < tokens};
         const size_t at[4] = {(size_t)tok0 * rows + row_a, (size_t)tok1 * rows + row_a,
@@ -572,9 +270,9 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
         const int slot = segment == begin ? 0 : 1;
         const int local = MMT_ROWS * warp + group;
         float *mine = partials + ((size_t)(blockIdx.y * gridDim.x + b) * 2 + slot) * MMT_TOKENS *
-                                     MMT2_ROWS;
-        const int idx[4] = {got0 * MMT2_ROWS + local, got1 * MMT2_ROWS + local,
-                            got0 * MMT2_ROWS + local + 8, got1 * MMT2_ROWS + local + 8};
+                                     MMT_BLOCK_ROWS;
+        const int idx[4] = {got0 * MMT_BLOCK_ROWS + local, got1 * MMT_BLOCK_ROWS + local,
+                            got0 * MMT_BLOCK_ROWS + local + 8, got1 * MMT_BLOCK_ROWS + local + 8};
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             mine[idx[q]] = acc[q];
@@ -598,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(MMT2_WARPS *WARP_SIZE)
         for (int other = first_block; other <= last_block; other++) {
             const int other_slot = ranges.first(other) >= whole_begin ? 0 : 1;
             const float *theirs = partials + ((size_t)(blockIdx.y * gridDim.x + other) * 2 +
-                                              other_slot) * MMT_TOKENS * MMT2_ROWS;
+                                              other_slot) * MMT_TOKENS * MMT_BLOCK_ROWS;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 sum[q] = __fadd_rn(sum[q], __ldcg(theirs + idx[q]));
