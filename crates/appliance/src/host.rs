@@ -130,6 +130,10 @@ pub struct KernelTuning {
     /// chips without a tensor-core kernel (HIP), where the backend's default goes unused.
     #[serde(default)]
     pub mmq_rows: Option<u32>,
+    /// Every pass of a Q4_K matrix runs through the streamed tensor-core matmul; absent (off)
+    /// on chips without it (HIP).
+    #[serde(default)]
+    pub streamed_matmul: Option<bool>,
 }
 
 /// A target model and what drafts for it.
@@ -584,8 +588,8 @@ mod tests {
         runtime = \"cuda\"\nruntime_version = \"12\"\nkernel_target = \"sm_86\"\nmemory_gib = 24\n";
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
-    const KERNELS: &str =
-        "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\nmmq_rows = 3\n";
+    const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\nmmq_rows = 3\n\
+         streamed_matmul = true\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
         drafter = \"qwen2.5-coder-0.5b-instruct-q4_k_m\"\ndefault = true\n\
         verified = { status = \"unmeasured\" }\n";
@@ -653,6 +657,7 @@ mod tests {
                 attention_warps: 8,
                 matvec_loop_rows: 4,
                 mmq_rows: Some(3),
+                streamed_matmul: Some(true),
             })
         );
     }

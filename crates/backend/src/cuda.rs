@@ -212,6 +212,9 @@ impl GpuBackend<Cuda> {
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH,
             ))
             .map(|(khz, bits)| 2.0 * khz * 1e3 * bits / 8.0);
+        let multiprocessors =
+            attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(1.0)
+                as u32;
         let overlap_launches = sm >= OVERLAP_MIN_SM
             && driver_version().is_some_and(|v| v >= OVERLAP_MIN_DRIVER)
             && std::env::var_os(OVERLAP_VAR).is_none_or(|v| v != "0");
@@ -231,6 +234,7 @@ impl GpuBackend<Cuda> {
             },
             device,
             peak_bandwidth,
+            multiprocessors,
             tuning,
             |family, name| {
                 modules

@@ -394,6 +394,10 @@ impl GpuBackend<Hip> {
             ))
             .filter(|&(khz, bits)| khz > 0 && bits > 0)
             .map(|(khz, bits)| 2.0 * f64::from(khz) * 1e3 * f64::from(bits) / 8.0);
+        let multiprocessors =
+            attribute(hipDeviceAttribute_t::hipDeviceAttributeMultiprocessorCount)
+                .filter(|&count| count > 0)
+                .map_or(1, |count| count as u32);
         let mut stream = ptr::null_mut();
         // SAFETY: the stream is written on success.
         check(unsafe { hipStreamCreateWithFlags(&mut stream, HIP_STREAM_NON_BLOCKING) })
@@ -421,6 +425,7 @@ impl GpuBackend<Hip> {
             runtime,
             described,
             peak_bandwidth,
+            multiprocessors,
             tuning,
             |family, kernel| {
                 let module = modules

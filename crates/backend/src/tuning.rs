@@ -23,6 +23,12 @@ pub struct GpuTuning {
     /// loop and the multi-row matvecs are considered. It gives each row the same bits as the
     /// matvec, so this too changes no bit.
     pub mmq_rows: u32,
+    /// Every pass of a matrix whose format has one runs through the streamed tensor-core
+    /// matmul (CUDA, sm_80 and later, Q4_K: `kernels/cuda/mmt.cu`), whatever its rows, instead
+    /// of the matvec and `mmq_rows`. It adds a row's products in its own order, the same in a
+    /// pass of any length, so logits move within rounding against the matvec, and a pass of
+    /// several tokens costs little more than one.
+    pub streamed_matmul: bool,
 }
 
 impl GpuTuning {
@@ -46,6 +52,7 @@ impl GpuTuning {
         attention_warps: 16,
         matvec_loop_rows: 16,
         mmq_rows: 6,
+        streamed_matmul: false,
     };
 
     /// Fails when a value is out of the kernels' range.

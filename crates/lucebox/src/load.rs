@@ -129,6 +129,12 @@ pub(crate) struct TuningArgs {
         GpuTuning::DEFAULT.mmq_rows,
     ))]
     mmq_rows: Option<u32>,
+    #[arg(long, value_name = "BOOL", help = format!(
+        "GPU only: every pass of a Q4_K matrix through the streamed tensor-core matmul \
+         [default: the profile's `[kernels]`, else {}]",
+        GpuTuning::DEFAULT.streamed_matmul,
+    ))]
+    streamed_matmul: Option<bool>,
 }
 
 /// The help of a tuning flag that sets `what`, `default` without a profile.
@@ -150,10 +156,12 @@ impl TuningArgs {
             self.matvec_loop_rows,
             self.mmq_rows,
         ];
-        if device == Device::Cpu && flags.iter().any(Option::is_some) {
+        if device == Device::Cpu
+            && (flags.iter().any(Option::is_some) || self.streamed_matmul.is_some())
+        {
             bail!(
-                "--matvec-warps, --attention-warps, --matvec-loop-rows and --mmq-rows tune the \
-                 GPU kernels, not --device cpu"
+                "--matvec-warps, --attention-warps, --matvec-loop-rows, --mmq-rows and \
+                 --streamed-matmul tune the GPU kernels, not --device cpu"
             );
         }
         let base = profile
@@ -163,12 +171,16 @@ impl TuningArgs {
                 attention_warps: k.attention_warps,
                 matvec_loop_rows: k.matvec_loop_rows,
                 mmq_rows: k.mmq_rows.unwrap_or(GpuTuning::DEFAULT.mmq_rows),
+                streamed_matmul: k
+                    .streamed_matmul
+                    .unwrap_or(GpuTuning::DEFAULT.streamed_matmul),
             });
         Ok(GpuTuning {
             matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
             attention_warps: self.attention_warps.unwrap_or(base.attention_warps),
             matvec_loop_rows: self.matvec_loop_rows.unwrap_or(base.matvec_loop_rows),
             mmq_rows: self.mmq_rows.unwrap_or(base.mmq_rows),
+            streamed_matmul: self.streamed_matmul.unwrap_or(base.streamed_matmul),
         })
     }
 }
@@ -271,6 +283,12 @@ mod tests {
                 .validate()
                 .unwrap_or_else(|e| panic!("hosts/{}.toml: {e}", profile.chip().name()));
             assert_eq!(profile.kernels().is_some(), device != Device::Cpu);
+            // HIP has no streamed matmul: its backend would refuse to start.
+            assert!(
+                !(device == Device::Hip && tuning.streamed_matmul),
+                "hosts/{}.toml",
+                profile.chip().name()
+            );
         }
     }
 
@@ -293,5 +311,17 @@ mod tests {
         );
         let refused = flags.resolve(None, Device::Cpu).unwrap_err().to_string();
         assert!(refused.contains("not --device cpu"), "{refused}");
+        let streamed = TuningArgs {
+            streamed_matmul: Some(true),
+            ..TuningArgs::default()
+        };
+        let rtx3090 = HostProfile::embedded("rtx3090").unwrap();
+        assert!(
+            streamed
+                .resolve(Some(&rtx3090), Device::Cuda)
+                .unwrap()
+                .streamed_matmul
+        );
+        assert!(streamed.resolve(None, Device::Cpu).is_err());
     }
 }

@@ -44,6 +44,9 @@ pub(crate) struct FormatKernels<F> {
     /// The tensor-core matmuls (`mmq.cu`) for blocks of [`MMQ_TILE_ROWS`] activation rows;
     /// absent where the images have none (HIP, the float formats).
     pub(crate) mmq: Option<[F; 2]>,
+    /// The streamed tensor-core matmul (`mmt.cu`) for any number of activation rows, with its
+    /// own order of additions; present for Q4_K where the images have it (not HIP).
+    pub(crate) mmt: Option<F>,
     pub(crate) get_rows: F,
 }
 
@@ -83,6 +86,7 @@ impl<F> Kernels<F> {
                 let mmq = every(
                     MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok()),
                 );
+                let mmt = function("mmt", &format!("mmt_{suffix}")).ok();
                 Some((
                     ty,
                     Arc::new(FormatKernels {
@@ -93,6 +97,7 @@ impl<F> Kernels<F> {
                         mmv4,
                         split,
                         mmq,
+                        mmt,
                         get_rows,
                     }),
                 ))
@@ -144,6 +149,15 @@ impl<F> Kernels<F> {
                         (format!("mmq{rows}_{}", f.ty.name().to_lowercase()), kernel)
                     })
             })
+        })
+    }
+
+    /// Every streamed tensor-core matmul kernel, with its name.
+    pub(crate) fn mmts(&self) -> impl Iterator<Item = (String, &F)> {
+        self.formats.values().flat_map(|f| {
+            f.mmt
+                .iter()
+                .map(move |kernel| (format!("mmt_{}", f.ty.name().to_lowercase()), kernel))
         })
     }
 

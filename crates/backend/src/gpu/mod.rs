@@ -88,6 +88,17 @@ const MMQ_WEIGHT_ROWS: u32 = 16;
 const MMQ_WEIGHT_PADDING: usize = 32;
 /// Threads per block of the tensor-core matmul (`MMQ_WARPS` warps).
 const MMQ_THREADS: u32 = 8 * LANES;
+/// Weight rows per block of the streamed tensor-core matmul (kernels/cuda/mmt.cu's
+/// `MMT_BLOCK_ROWS`).
+const MMT_WEIGHT_ROWS: usize = 64;
+/// Activation rows per block of the streamed matmul (`MMT_TOKENS`).
+const MMT_TILE_ROWS: usize = 8;
+/// Threads per block of the streamed matmul (`MMT_WARPS` warps).
+const MMT_THREADS: u32 = 4 * LANES;
+/// Columns per super-block of the formats the streamed matmul takes (the K-quants').
+const MMT_SUPERBLOCK: usize = 256;
+/// The most ranges a streamed matmul cuts a row's super-blocks into.
+const MMT_MAX_SPLIT: usize = 16;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
 
@@ -99,6 +110,9 @@ pub struct GpuBackend<R: Runtime> {
     device: String,
     /// Bytes per second: the memory clock (double data rate) times the bus width.
     peak_bandwidth: Option<f64>,
+    /// Streaming multiprocessors (compute units): the streamed matmul cuts rows into ranges
+    /// until a launch has about one block for each.
+    multiprocessors: usize,
     /// Whether forward passes are recorded and replayed as graphs (`R::GRAPHS_VAR=0` turns
     /// them off, to compare, to debug, or to profile each kernel).
     graphs: bool,
@@ -202,6 +216,7 @@ impl<R: Runtime> GpuBackend<R> {
         runtime: R,
         device: String,
         peak_bandwidth: Option<f64>,
+        multiprocessors: u32,
         tuning: GpuTuning,
         function: impl Fn(&str, &str) -> Result<R::Function, String>,
     ) -> Result<Self, Error> {
@@ -215,7 +230,7 @@ impl<R: Runtime> GpuBackend<R> {
                 .map_err(device_error::<R>("kernel attributes"))
         };
         // The kernels whose blocks have a fixed least size: a split row's warps, the
-        // tensor-core matmul's.
+        // tensor-core matmuls'.
         let fixed = kernels
             .matvecs()
             .filter(|(_, split, _)| *split)
@@ -224,6 +239,11 @@ impl<R: Runtime> GpuBackend<R> {
                 kernels
                     .mmqs()
                     .map(|(name, kernel)| (name, kernel, MMQ_THREADS / LANES)),
+            )
+            .chain(
+                kernels
+                    .mmts()
+                    .map(|(name, kernel)| (name, kernel, MMT_THREADS / LANES)),
             );
         for (name, kernel, needed) in fixed {
             let most = most_warps(kernel)?;
@@ -250,12 +270,19 @@ impl<R: Runtime> GpuBackend<R> {
                 )));
             }
         }
+        if tuning.streamed_matmul && kernels.mmts().next().is_none() {
+            return Err(Error::Tuning(format!(
+                "streamed_matmul = true: {device} has no streamed matmul kernel (CUDA, sm_80 \
+                 and later)"
+            )));
+        }
         let graphs = std::env::var_os(R::GRAPHS_VAR).is_none_or(|v| v != "0");
         Ok(Self {
             runtime,
             kernels,
             device,
             peak_bandwidth,
+            multiprocessors: multiprocessors.max(1) as usize,
             graphs,
             tuning,
             argmax: Mutex::new(None),
@@ -379,14 +406,15 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// The matvec instance of `format` for `rows` activation rows and `weight_rows` weight rows
-    /// (of all the matrices launched together) of `cols` columns, and how it launches. From the
-    /// host profile's `mmq_rows` rows, the tensor-core matmul with the smallest tile that holds
-    /// them (or its largest), where there is one. The one-row instance takes any number of rows,
-    /// one after another; the host profile's `matvec_loop_rows` says up to how many; it takes
-    /// weight rows two per warp where [`matvec_pairs`] says. The one-row and four-row instances
-    /// hold fewer registers than the eight-row one and take up to [`MATVEC_PARTS`] matrices,
-    /// unless the rows are split ([`matvec_split`]); the float formats have one instance, for
-    /// one matrix.
+    /// (of all the matrices launched together) of `cols` columns, and how it launches. Where
+    /// the host profile asks for the streamed matmul and the format has one, that for any
+    /// number of rows. Else from the host profile's `mmq_rows` rows, the tensor-core matmul
+    /// with the smallest tile that holds them (or its largest), where there is one. The
+    /// one-row instance takes any number of rows, one after another; the host profile's
+    /// `matvec_loop_rows` says up to how many; it takes weight rows two per warp where
+    /// [`matvec_pairs`] says. The one-row and four-row instances hold fewer registers than the
+    /// eight-row one and take up to [`MATVEC_PARTS`] matrices, unless the rows are split
+    /// ([`matvec_split`]); the float formats have one instance, for one matrix.
     fn matvec_instance<'f>(
         &self,
         format: &'f FormatKernels<R::Function>,
@@ -394,6 +422,11 @@ impl<R: Runtime> GpuBackend<R> {
         cols: usize,
         weight_rows: usize,
     ) -> (&'f R::Function, MatvecLaunch) {
+        if let Some(mmt) = &format.mmt
+            && self.tuning.streamed_matmul
+        {
+            return (mmt, MatvecLaunch::Streamed);
+        }
         if let Some(mmq) = &format.mmq
             && rows >= self.tuning.mmq_rows as usize
         {
@@ -480,6 +513,9 @@ impl<R: Runtime> GpuBackend<R> {
             q.sums.arg(),
             int(rows),
         ];
+        if launch == MatvecLaunch::Streamed {
+            return self.streamed_matmul(mmv, x, activations, rows, parts);
+        }
         // The instances of one matrix: the spans per piece they take, their grid and block.
         let matrix_rows = parts[0].matrix.rows as u32;
         let alone = match launch {
@@ -503,7 +539,10 @@ impl<R: Runtime> GpuBackend<R> {
                     block_rows * pieces * LANES,
                 ))
             }
-            MatvecLaunch::Parts | MatvecLaunch::Pairs | MatvecLaunch::Alone => None,
+            MatvecLaunch::Parts
+            | MatvecLaunch::Pairs
+            | MatvecLaunch::Alone
+            | MatvecLaunch::Streamed => None,
         };
         if let Some((piece_spans, grid, block)) = alone {
             let [Projection { matrix, bias, out }] = parts else {
@@ -521,25 +560,56 @@ impl<R: Runtime> GpuBackend<R> {
             args.extend(activations);
             return self.launch("matmul", mmv, grid, block, &args);
         }
-        let mut args = Vec::with_capacity(4 * MATVEC_PARTS + 7);
-        for i in 0..MATVEC_PARTS {
-            match parts.get_mut(i) {
-                Some(Projection { matrix, bias, out }) => {
-                    args.extend([
-                        matrix.data.arg(),
-                        int(matrix.rows),
-                        bias.map_or(NULL, |bias| bias.data.arg()),
-                        out.written(),
-                    ]);
-                }
-                None => args.extend([NULL, int(0), NULL, NULL]),
-            }
-        }
+        let mut args = parts_args(parts);
         args.extend([(row_bytes as u64).into(), int(cols)]);
         args.extend(activations);
         let rows_per_warp = if launch == MatvecLaunch::Pairs { 2 } else { 1 };
         let grid = (weight_rows as u32).div_ceil(rows_per_warp * warps);
         self.launch("matmul", mmv, grid, warps * LANES, &args)
+    }
+
+    /// One streamed tensor-core matmul launch (`mmt`, kernels/cuda/mmt.cu) over `parts`, checked
+    /// by the caller: a block per [`MMT_WEIGHT_ROWS`] weight rows of them all, range of
+    /// super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`] activation rows.
+    fn streamed_matmul(
+        &self,
+        mmt: &R::Function,
+        x: &GpuActivations<R>,
+        activations: [KernelArg; 5],
+        rows: usize,
+        parts: &mut [Projection<'_, Self>],
+    ) -> Result<(), Error> {
+        let scratch = x.streamed.as_ref().ok_or_else(|| Error::Shape {
+            op: "matmul",
+            detail: format!(
+                "the streamed matmul takes activations whose width is a multiple of \
+                 {MMT_SUPERBLOCK}, not {}",
+                x.cols
+            ),
+        })?;
+        let (row_bytes, cols) = (parts[0].matrix.row_bytes, parts[0].matrix.cols);
+        let row_blocks: usize = parts
+            .iter()
+            .map(|p| p.matrix.rows.div_ceil(MMT_WEIGHT_ROWS))
+            .sum();
+        let ksplit = streamed_split(row_blocks, cols / MMT_SUPERBLOCK, self.multiprocessors);
+        let tiles = rows.div_ceil(MMT_TILE_ROWS);
+        assert!(
+            ksplit == 1
+                || (tiles * ksplit * row_blocks * MMT_WEIGHT_ROWS * MMT_TILE_ROWS
+                    <= scratch.partials.len
+                    && tiles * row_blocks <= scratch.counters.len),
+            "streamed matmul scratch smaller than its bound"
+        );
+        let grid = u32::try_from(tiles * ksplit * row_blocks).map_err(|_| Error::Shape {
+            op: "matmul",
+            detail: format!("{rows} activation rows over {row_blocks} row blocks: too many blocks"),
+        })?;
+        let mut args = parts_args(parts);
+        args.extend([(row_bytes as u64).into(), int(cols)]);
+        args.extend(activations);
+        args.extend([int(ksplit), scratch.partials.arg(), scratch.counters.arg()]);
+        self.launch("matmul", mmt, grid, MMT_THREADS, &args)
     }
 
     /// The row norm kernel over `rows` rows at `x`, shaped as `out`, after adding `y` to them
@@ -653,6 +723,18 @@ pub struct GpuActivations<R: Runtime> {
     /// How many leading rows `quantized` holds, as of the operations issued so far; every
     /// operation that writes the matrix resets it through [`written`](Self::written).
     quantized_rows: Cell<usize>,
+    /// Present when the streamed matmul may take these activations: the host profile asks for
+    /// it (the backend starts only where the device has it), and `cols` is a multiple of its
+    /// super-blocks.
+    streamed: Option<StreamedScratch<R>>,
+}
+
+/// Where the streamed matmul over these activations keeps its ranges' partial sums, and the
+/// counters that tell each row block's last range to add them (left at zero by the kernel).
+#[derive(Debug)]
+struct StreamedScratch<R: Runtime> {
+    partials: Buffer<R, f32>,
+    counters: Buffer<R, u32>,
 }
 
 /// Activations quantized in groups of 32, in two 8-bit parts (kernels/cuda/q8.cuh).
@@ -757,10 +839,13 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     type Recordings = GpuRecordings<R>;
 
     fn describe(&self) -> String {
-        let tensor_cores = if self.kernels.mmqs().next().is_some() {
-            ", tensor cores"
-        } else {
-            ""
+        let tensor_cores = match (
+            self.kernels.mmqs().next().is_some(),
+            self.tuning.streamed_matmul,
+        ) {
+            (_, true) => ", tensor cores, streamed matmul",
+            (true, false) => ", tensor cores",
+            (false, false) => "",
         };
         format!("{} ({}{tensor_cores})", R::NAME, self.device)
     }
@@ -845,12 +930,25 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         } else {
             None
         };
+        let streamed = if quantized.is_some()
+            && cols.is_multiple_of(MMT_SUPERBLOCK)
+            && self.tuning.streamed_matmul
+        {
+            let (partials, counters) = streamed_scratch_len(rows, self.multiprocessors);
+            Some(StreamedScratch {
+                partials: self.zeros(partials, "matmul partial sums")?,
+                counters: self.zeros(counters, "matmul partial sums")?,
+            })
+        } else {
+            None
+        };
         Ok(GpuActivations {
             data: self.zeros(len, "activations")?,
             rows,
             cols,
             quantized,
             quantized_rows: Cell::new(0),
+            streamed,
         })
     }
 
@@ -1084,7 +1182,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 first.matrix.cols,
                 first.matrix.rows,
             );
-            let together = if matches!(launch, MatvecLaunch::Parts | MatvecLaunch::Pairs) {
+            let together = if matches!(
+                launch,
+                MatvecLaunch::Parts | MatvecLaunch::Pairs | MatvecLaunch::Streamed
+            ) {
                 rest.iter()
                     .take(MATVEC_PARTS)
                     .take_while(|p| Arc::ptr_eq(&p.matrix.format, &first.matrix.format))
@@ -1362,6 +1463,56 @@ enum MatvecLaunch {
     /// Over one matrix on the tensor cores, `tile_rows` activation rows per block, adding the
     /// pieces of `split_spans` spans (0: rows are not split) as the split matvec does.
     Tiles { tile_rows: u32, split_spans: u32 },
+    /// Over up to [`MATVEC_PARTS`] matrices of one format on the tensor cores, streamed
+    /// (`GpuBackend::streamed_matmul`).
+    Streamed,
+}
+
+/// The arguments of the kernels that take up to [`MATVEC_PARTS`] matrices (`MatvecPart`s of
+/// kernels/cuda/qspan.cuh): each one's data, rows, bias and output, absent ones empty.
+fn parts_args<R: Runtime>(parts: &mut [Projection<'_, GpuBackend<R>>]) -> Vec<KernelArg> {
+    let mut args = Vec::with_capacity(4 * MATVEC_PARTS + 10);
+    for i in 0..MATVEC_PARTS {
+        match parts.get_mut(i) {
+            Some(Projection { matrix, bias, out }) => {
+                args.extend([
+                    matrix.data.arg(),
+                    int(matrix.rows),
+                    bias.map_or(NULL, |bias| bias.data.arg()),
+                    out.written(),
+                ]);
+            }
+            None => args.extend([NULL, int(0), NULL, NULL]),
+        }
+    }
+    args
+}
+
+/// How many ranges the streamed matmul cuts each row's `superblocks` into for a launch of
+/// `row_blocks` blocks of [`MMT_WEIGHT_ROWS`] rows: doubling while the launch has fewer blocks
+/// than the device has `multiprocessors` and each range keeps a super-block. The order in
+/// which a row's sum is added depends on it, so it depends on the matrices and the device
+/// alone, never on the activation rows.
+fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize) -> usize {
+    let mut ksplit = 1;
+    while ksplit < MMT_MAX_SPLIT
+        && 2 * ksplit <= superblocks
+        && row_blocks * ksplit < multiprocessors
+    {
+        ksplit *= 2;
+    }
+    ksplit
+}
+
+/// The partial sums and counters a streamed matmul over `rows` activation rows needs at most,
+/// whatever its matrices ([`streamed_split`]): with ranges, a launch has fewer row blocks than
+/// `multiprocessors`, and fewer than twice that many row blocks times ranges.
+fn streamed_scratch_len(rows: usize, multiprocessors: usize) -> (usize, usize) {
+    let tiles = rows.div_ceil(MMT_TILE_ROWS);
+    (
+        tiles * MMT_TILE_ROWS * 2 * multiprocessors * MMT_WEIGHT_ROWS,
+        tiles * multiprocessors,
+    )
 }
 
 /// How a quantized matvec cuts weight rows of `cols` columns between warps: the pieces and the
@@ -1425,5 +1576,33 @@ mod tests {
         assert!(!matvec_pairs(1024, 17920));
         // 80 spans, but split.
         assert!(!matvec_pairs(2560, 17920));
+    }
+
+    #[test]
+    fn a_streamed_matmul_s_ranges_fit_the_scratch_of_its_activations() {
+        for multiprocessors in [1, 82, 132, 170] {
+            for row_blocks in 1..600 {
+                for superblocks in 1..48 {
+                    let ksplit = streamed_split(row_blocks, superblocks, multiprocessors);
+                    assert!(ksplit.is_power_of_two() && ksplit <= MMT_MAX_SPLIT);
+                    assert!(ksplit == 1 || ksplit <= superblocks);
+                    if ksplit == 1 {
+                        continue;
+                    }
+                    for rows in [1, 8, 9, 512] {
+                        let (partials, counters) = streamed_scratch_len(rows, multiprocessors);
+                        let tiles = rows.div_ceil(MMT_TILE_ROWS);
+                        let used = tiles * ksplit * row_blocks * MMT_WEIGHT_ROWS * MMT_TILE_ROWS;
+                        assert!(used <= partials && tiles * row_blocks <= counters);
+                    }
+                }
+            }
+        }
+        // The 1.5B on the H200's 132 SMs: q, k and v together (32 row blocks of 6 super-blocks)
+        // and o in four ranges, down (8,960 columns) in eight, gate and up in one.
+        assert_eq!(streamed_split(32, 6, 132), 4);
+        assert_eq!(streamed_split(24, 6, 132), 4);
+        assert_eq!(streamed_split(24, 35, 132), 8);
+        assert_eq!(streamed_split(280, 6, 132), 1);
     }
 }
