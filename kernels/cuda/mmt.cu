@@ -17,7 +17,12 @@
 // mma.sync m16n8k32 s8 per activation part; each lane feeds 8 consecutive columns (8 bytes of
 // activations, the matching nibbles of its two weight rows, 8 consecutive bytes of a Q4_K
 // block): where a column sits inside an mma is free as long as both sides agree. Integer sums
-// are exact; each sub-block's are scaled in float and added to the lane's outputs in turn.
+// are exact; each sub-block's are scaled in float (q4_k_sub_block_value), and a row's values
+// are added in the order of a warp reduction: each turn of four super-blocks (32 sub-blocks)
+// as a pairwise tree, the turns in order (TurnSums). So a one-row kernel whose lanes take a
+// sub-block each and whose warp adds them with a butterfly (mmt_row_q4_k) gives the same bits,
+// and decode and two-row passes take it: on a single row, the tiles' blocks of four warps,
+// each waiting on its staged super-block, hide less latency than many independent warps.
 //
 // Where a launch has fewer row blocks than the GPU has SMs, the super-blocks are cut into
 // `ksplit` ranges, one block each, chosen by the host from the matrices' shape alone (never
@@ -176,48 +181,105 @@ static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage
     return d;
 }
 
-// Adds a staged super-block's products to this lane's four outputs (rows `group` and group + 8
-// of the warp's 16, times activation rows 2t and 2t + 1 of the tile): each sub-block's integer
-// sums are scaled in float, with rounding spelled out so that no contraction choice of the
-// compiler can differ between outputs.
+// The value of one Q4_K sub-block of 32 weights times 32 activations: from the integer dot
+// products of its quants with each activation part, its 6-bit scale and minimum, the block's
+// d and dmin, the activations' (d_hi, d_lo) and the sum of their 32 values. Spelled with
+// rounding intrinsics: the streamed matmul and its one-row kernel compute it alike.
+static __device__ __forceinline__ float q4_k_sub_block_value(float d, float dmin, int sc, int m,
+                                                            float2 x, float x_sum, int dot_hi,
+                                                            int dot_lo) {
+    const float v = __fmaf_rn(x.x, exact_float(dot_hi), __fmul_rn(x.y, exact_float(dot_lo)));
+    return __fmaf_rn(__fmul_rn(d, (float)sc), v, -__fmul_rn(__fmul_rn(dmin, (float)m), x_sum));
+}
+
+// A lane's four outputs, added as the one-row kernel's warp adds a row (mmt_row_q4_k): a turn
+// of four super-blocks (32 sub-blocks, one per lane there) is a pairwise tree, sub-blocks
+// paired first, then pairs, and so on, the butterfly of its warp reduction, with +0 for
+// absent super-blocks; the turns of a range are added in order.
+struct TurnSums {
+    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f}, even[4], pair[4];
+    // The next super-block's place in its turn (the same in every lane of the block).
+    int at = 0;
+    // Takes the four outputs' values of the next super-block.
+    __device__ __forceinline__ void add(const float value[4]) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (at == 0 || at == 2) {
+                even[k] = value[k];
+            } else if (at == 1) {
+                pair[k] = __fadd_rn(even[k], value[k]);
+            } else {
+                total[k] = __fadd_rn(total[k], __fadd_rn(pair[k], __fadd_rn(even[k], value[k])));
+            }
+        }
+        at = (at + 1) % 4;
+    }
+    // Completes a partial last turn.
+    __device__ __forceinline__ void finish() {
+        const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        while (at != 0) {
+            add(zero);
+        }
+    }
+};
+
+// A staged super-block's values for this lane's four outputs (rows `group` and group + 8 of
+// the warp's 16, times activation rows 2t and 2t + 1 of the tile): each sub-block's value, and
+// the eight as a pairwise tree.
 static __device__ __forceinline__ void q4_k_superblock(const uint8_t *stage, int warp,
-                                                       int group, int t, float acc[4]) {
+                                                       int group, int t, float value[4]) {
     const int got0 = 2 * t, got1 = got0 + 1;
+    // The tree's pending nodes: the even sub-block, the first pair of four, the first four.
+    float even[4], pair[4], four[4];
     for_each_sub_block(stage, warp, group, t,
                        [&](unsigned sub, const int ch[4], const int cl[4], int sc_a, int m_a,
                            int sc_b, int m_b, float4 d) {
         const float4 s0 = *(const float4 *)(stage + MMT_SCALES + got0 * MMT_S_STRIDE + 16 * sub);
         const float4 s1 = *(const float4 *)(stage + MMT_SCALES + got1 * MMT_S_STRIDE + 16 * sub);
-        const float sum[4] = {__fadd_rn(s0.z, s0.w), __fadd_rn(s1.z, s1.w),
-                              __fadd_rn(s0.z, s0.w), __fadd_rn(s1.z, s1.w)};
-        const float2 x[4] = {make_float2(s0.x, s0.y), make_float2(s1.x, s1.y),
-                             make_float2(s0.x, s0.y), make_float2(s1.x, s1.y)};
-        const float ds[4] = {__fmul_rn(d.x, (float)sc_a), __fmul_rn(d.x, (float)sc_a),
-                             __fmul_rn(d.z, (float)sc_b), __fmul_rn(d.z, (float)sc_b)};
-        const float dm[4] = {__fmul_rn(d.y, (float)m_a), __fmul_rn(d.y, (float)m_a),
-                             __fmul_rn(d.w, (float)m_b), __fmul_rn(d.w, (float)m_b)};
+        const float sum0 = __fadd_rn(s0.z, s0.w), sum1 = __fadd_rn(s1.z, s1.w);
+        const float2 x0 = make_float2(s0.x, s0.y), x1 = make_float2(s1.x, s1.y);
+        const float v[4] = {q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x0, sum0, ch[0], cl[0]),
+                            q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x1, sum1, ch[1], cl[1]),
+                            q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x0, sum0, ch[2], cl[2]),
+                            q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x1, sum1, ch[3], cl[3])};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const float v =
-                __fmaf_rn(x[k].x, exact_float(ch[k]), __fmul_rn(x[k].y, exact_float(cl[k])));
-            acc[k] = __fadd_rn(acc[k], __fmaf_rn(ds[k], v, -__fmul_rn(dm[k], sum[k])));
+            if (sub % 2 == 0) {
+                even[k] = v[k];
+                continue;
+            }
+            const float p = __fadd_rn(even[k], v[k]);
+            if (sub % 4 == 1) {
+                pair[k] = p;
+                continue;
+            }
+            const float q = __fadd_rn(pair[k], p);
+            if (sub == 3) {
+                four[k] = q;
+            } else {
+                value[k] = __fadd_rn(four[k], q);
+            }
         }
     });
 }
 
-// The backend's activations (groups of 32): how a stage holds them and how a staged super-block
-// is multiplied. The block below takes any such policy (tests/cuda/mmt measures others).
+// The backend's activations (groups of 32): how a stage holds them, how a staged super-block
+// is multiplied, and how a lane's super-block values are added. The block below takes any
+// such policy (tests/cuda/mmt measures others).
 struct Activations32 {
     const signed char *hi, *lo;
     const float2 *scales;
     const float *sums;
     static constexpr int STAGE_BYTES = MMT_STAGE_BYTES;
+    using Sums = TurnSums;
     __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
         stage_activations(to, hi, lo, scales, sums, cols, t0, tokens, blk);
     }
     __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
-                             float acc[4]) const {
-        q4_k_superblock(stage, warp, group, t, acc);
+                             Sums &into) const {
+        float value[4];
+        q4_k_superblock(stage, warp, group, t, value);
+        into.add(value);
     }
 };
 
@@ -275,7 +337,7 @@ static __device__ __forceinline__ void mmt_q4_k_block(MatvecPart part, const Mat
         }
         commit_copies();
     }
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    typename Activations::Sums sums;
 #pragma unroll 1
     for (int i = 0; i < n; i++) {
         wait_copies<MMT_STAGES - 2>();
@@ -287,8 +349,10 @@ static __device__ __forceinline__ void mmt_q4_k_block(MatvecPart part, const Mat
             x.stage(stage, cols, t0, tokens, first + next);
         }
         commit_copies();
-        x.multiply(stages + (i % MMT_STAGES) * Activations::STAGE_BYTES, warp, group, t, acc);
+        x.multiply(stages + (i % MMT_STAGES) * Activations::STAGE_BYTES, warp, group, t, sums);
     }
+    sums.finish();
+    float acc[4] = {sums.total[0], sums.total[1], sums.total[2], sums.total[3]};
     const int got0 = 2 * t, got1 = got0 + 1;
     const int in_block_a = MMT_ROWS * warp + group, in_block_b = in_block_a + 8;
     const int row_a = row0 + in_block_a, row_b = row0 + in_block_b;
@@ -350,6 +414,109 @@ extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)
     mmt_q4_k_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, {w2, rows2, bias2, out2},
                    row_bytes, cols, Activations32{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit,
                    partials, counters);
+}
+
+// The one-row kernel of the streamed matmul's bits, for decode steps and passes of two rows,
+// each activation row in turn. A warp takes one range of one row (MMT_ROW_WARPS rows per
+// block without ranges; with them, a block per row and a warp per range, the ranges being the
+// streamed matmul's for the same launch). Per turn, lane i takes sub-block i of four
+// super-blocks: its 32 quants (low or high nibbles of its chunk's 32 bytes), its 32
+// activations of each part, eight DP4A per part, and q4_k_sub_block_value; the warp's
+// butterfly (offsets 1 to 16) adds the turn's 32 values as TurnSums does, and the turns are
+// added in order. Ranges are added in order by the row's first warp, then the bias, as the
+// streamed matmul's last block adds them.
+#define MMT_ROW_WARPS 4
+#define MMT_ROW_MAX_RANGES 16
+
+extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)
+    mmt_row_q4_k(const uint8_t *w0, int rows0, const float *bias0, float *out0,
+                 const uint8_t *w1, int rows1, const float *bias1, float *out1,
+                 const uint8_t *w2, int rows2, const float *bias2, float *out2,
+                 unsigned long long row_bytes, int cols, const signed char *x_hi,
+                 const signed char *x_lo, const float2 *x_scales, const float *x_sums,
+                 int tokens, int ksplit) {
+    __shared__ float partials[MMT_ROW_MAX_RANGES];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int rows_per_block = ksplit == 1 ? MMT_ROW_WARPS : 1;
+    const int range = ksplit == 1 ? 0 : warp;
+    int row = blockIdx.x * rows_per_block + (ksplit == 1 ? warp : 0);
+    MatvecPart part = {w0, rows0, bias0, out0};
+    const MatvecPart second = {w1, rows1, bias1, out1}, third = {w2, rows2, bias2, out2};
+    bool has_row = true;
+    if (row >= part.rows) {
+        row -= part.rows;
+        part = second;
+        if (row >= part.rows) {
+            row -= part.rows;
+            part = third;
+            has_row = row < part.rows;
+        }
+    }
+    const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
+    const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
+    const uint8_t *w_row = has_row ? part.w + (size_t)row * row_bytes : nullptr;
+    START_NEXT_KERNEL();
+    if (has_row && first < last_blk) {
+        prefetch_l2(w_row, (unsigned long long)first * 144, (unsigned long long)last_blk * 144);
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
+    const unsigned groups = cols / SPAN, sub = lane % 8, chunk = sub / 2, shift = 4 * (sub % 2);
+    for (int tok = 0; tok < tokens; tok++) {
+        float acc = 0.0f;
+        for (unsigned base = first; base < last_blk; base += 4) {
+            const unsigned blk = base + lane / 8;
+            float value = 0.0f;
+            if (has_row && blk < last_blk) {
+                const uint8_t *b = w_row + (size_t)blk * 144;
+                const uint4 head = *(const uint4 *)b;
+                const unsigned q[3] = {head.y, head.z, head.w};
+                int sc, m;
+                scale_min_k4_words(q, sub, &sc, &m);
+                int wq[8], h[8], l[8];
+                load16(b + 16 + 32 * chunk, wq);
+                load16(b + 32 + 32 * chunk, wq + 4);
+                const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
+                load16((const uint8_t *)(x_hi + col), h);
+                load16((const uint8_t *)(x_hi + col + 16), h + 4);
+                load16((const uint8_t *)(x_lo + col), l);
+                load16((const uint8_t *)(x_lo + col + 16), l + 4);
+                int dot_hi = 0, dot_lo = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int nibbles = (wq[i] >> shift) & 0x0F0F0F0F;
+                    dot_hi = DP4A(nibbles, h[i], dot_hi);
+                    dot_lo = DP4A(nibbles, l[i], dot_lo);
+                }
+                const size_t group = (size_t)tok * groups + 8 * blk + sub;
+                value = q4_k_sub_block_value(half_of(head.x, false), half_of(head.x, true), sc,
+                                             m, x_scales[group],
+                                             __fadd_rn(x_sums[2 * group], x_sums[2 * group + 1]),
+                                             dot_hi, dot_lo);
+            }
+#pragma unroll
+            for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
+                value = __fadd_rn(value, SHFL_XOR(value, offset));
+            }
+            acc = __fadd_rn(acc, value);
+        }
+        if (ksplit > 1) {
+            if (lane == 0) {
+                partials[range] = acc;
+            }
+            __syncthreads();
+            if (warp == 0) {
+                acc = 0.0f;
+                for (int r = 0; r < ksplit; r++) {
+                    acc = __fadd_rn(acc, partials[r]);
+                }
+            }
+            __syncthreads();
+        }
+        if (has_row && range == 0 && lane == 0) {
+            part.out[(size_t)tok * part.rows + row] =
+                part.bias ? __fadd_rn(acc, part.bias[row]) : acc;
+        }
+    }
 }
 
 #endif

@@ -147,17 +147,24 @@ static __device__ __forceinline__ void q4_k_superblock_256(const uint8_t *stage,
 }
 
 // Activations in groups of 256 (quantize_q8_256).
+// Super-block values added one after another (mmv256 adds them so).
+struct InOrderSums {
+    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __device__ void finish() {}
+};
+
 struct Activations256 {
     const signed char *hi, *lo;
     const float2 *scales;
     const int2 *bsums;
     static constexpr int STAGE_BYTES = MMT4_STAGE_BYTES;
+    using Sums = InOrderSums;
     __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
         stage_activations_256(to, hi, lo, scales, bsums, cols, t0, tokens, blk);
     }
     __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
-                             float acc[4]) const {
-        q4_k_superblock_256(stage, warp, group, t, acc);
+                             Sums &into) const {
+        q4_k_superblock_256(stage, warp, group, t, into.total);
     }
 };
 

@@ -44,10 +44,18 @@ pub(crate) struct FormatKernels<F> {
     /// The tensor-core matmuls (`mmq.cu`) for blocks of [`MMQ_TILE_ROWS`] activation rows;
     /// absent where the images have none (HIP, the float formats).
     pub(crate) mmq: Option<[F; 2]>,
-    /// The streamed tensor-core matmul (`mmt.cu`) for any number of activation rows, with its
-    /// own order of additions; present for Q4_K where the images have it (not HIP).
-    pub(crate) mmt: Option<F>,
+    /// The streamed tensor-core matmul (`mmt.cu`), with its own order of additions; present for
+    /// Q4_K where the images have it (not HIP).
+    pub(crate) mmt: Option<Streamed<F>>,
     pub(crate) get_rows: F,
+}
+
+/// The two kernels of the streamed matmul, which give a row the same bits.
+pub(crate) struct Streamed<F> {
+    /// Tiles of activation rows on the tensor cores (`mmt_<format>`), for any number of rows.
+    pub(crate) tiles: F,
+    /// One activation row (a decode step) through warp reductions (`mmt_row_<format>`).
+    pub(crate) row: F,
 }
 
 /// The name of the attention kernel for heads of `head_dim` dimensions.
@@ -86,7 +94,11 @@ impl<F> Kernels<F> {
                 let mmq = every(
                     MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok()),
                 );
-                let mmt = function("mmt", &format!("mmt_{suffix}")).ok();
+                let mmt = every(
+                    ["mmt", "mmt_row"]
+                        .map(|instance| function("mmt", &format!("{instance}_{suffix}")).ok()),
+                )
+                .map(|[tiles, row]| Streamed { tiles, row });
                 Some((
                     ty,
                     Arc::new(FormatKernels {
@@ -152,12 +164,12 @@ impl<F> Kernels<F> {
         })
     }
 
-    /// Every streamed tensor-core matmul kernel, with its name.
-    pub(crate) fn mmts(&self) -> impl Iterator<Item = (String, &F)> {
+    /// Every format's streamed matmul kernels, with the format's name.
+    pub(crate) fn mmts(&self) -> impl Iterator<Item = (String, &Streamed<F>)> {
         self.formats.values().flat_map(|f| {
             f.mmt
                 .iter()
-                .map(move |kernel| (format!("mmt_{}", f.ty.name().to_lowercase()), kernel))
+                .map(move |kernels| (f.ty.name().to_lowercase(), kernels))
         })
     }
 

@@ -97,8 +97,17 @@ const MMT_TILE_ROWS: usize = 8;
 const MMT_THREADS: u32 = 4 * LANES;
 /// Columns per super-block of the formats the streamed matmul takes (the K-quants').
 const MMT_SUPERBLOCK: usize = 256;
-/// The most ranges a streamed matmul cuts a row's super-blocks into.
+/// The most ranges a streamed matmul cuts a row's super-blocks into (`MMT_ROW_MAX_RANGES`: its
+/// one-row kernel takes a warp per range).
 const MMT_MAX_SPLIT: usize = 16;
+/// Weight rows per block of the streamed matmul's one-row kernel when rows are not cut into
+/// ranges (`MMT_ROW_WARPS`), a warp each.
+const MMT_ROW_WARPS: usize = 4;
+/// Passes of up to this many activation rows take the streamed matmul's one-row kernel, once
+/// per row, rather than a tile on the tensor cores (the same bits). On the H200 with the 1.5B:
+/// 1 row 1.38x as fast (decode 700-725 against 521-531 tok/s), 2 rows 1.15x, 3 rows level, 4
+/// rows 0.87x.
+const MMT_ROW_MAX_ROWS: usize = 2;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
 
@@ -240,11 +249,20 @@ impl<R: Runtime> GpuBackend<R> {
                     .mmqs()
                     .map(|(name, kernel)| (name, kernel, MMQ_THREADS / LANES)),
             )
-            .chain(
-                kernels
-                    .mmts()
-                    .map(|(name, kernel)| (name, kernel, MMT_THREADS / LANES)),
-            );
+            .chain(kernels.mmts().flat_map(|(format, streamed)| {
+                [
+                    (
+                        format!("mmt_{format}"),
+                        &streamed.tiles,
+                        MMT_THREADS / LANES,
+                    ),
+                    (
+                        format!("mmt_row_{format}"),
+                        &streamed.row,
+                        MMT_MAX_SPLIT as u32,
+                    ),
+                ]
+            }));
         for (name, kernel, needed) in fixed {
             let most = most_warps(kernel)?;
             if most < needed {
@@ -425,7 +443,11 @@ impl<R: Runtime> GpuBackend<R> {
         if let Some(mmt) = &format.mmt
             && self.tuning.streamed_matmul
         {
-            return (mmt, MatvecLaunch::Streamed);
+            return if rows <= MMT_ROW_MAX_ROWS {
+                (&mmt.row, MatvecLaunch::StreamedRow)
+            } else {
+                (&mmt.tiles, MatvecLaunch::Streamed)
+            };
         }
         if let Some(mmq) = &format.mmq
             && rows >= self.tuning.mmq_rows as usize
@@ -513,8 +535,8 @@ impl<R: Runtime> GpuBackend<R> {
             q.sums.arg(),
             int(rows),
         ];
-        if launch == MatvecLaunch::Streamed {
-            return self.streamed_matmul(mmv, x, activations, rows, parts);
+        if matches!(launch, MatvecLaunch::Streamed | MatvecLaunch::StreamedRow) {
+            return self.streamed_matmul(mmv, launch, x, activations, rows, parts);
         }
         // The instances of one matrix: the spans per piece they take, their grid and block.
         let matrix_rows = parts[0].matrix.rows as u32;
@@ -542,7 +564,8 @@ impl<R: Runtime> GpuBackend<R> {
             MatvecLaunch::Parts
             | MatvecLaunch::Pairs
             | MatvecLaunch::Alone
-            | MatvecLaunch::Streamed => None,
+            | MatvecLaunch::Streamed
+            | MatvecLaunch::StreamedRow => None,
         };
         if let Some((piece_spans, grid, block)) = alone {
             let [Projection { matrix, bias, out }] = parts else {
@@ -568,12 +591,16 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch("matmul", mmv, grid, warps * LANES, &args)
     }
 
-    /// One streamed tensor-core matmul launch (`mmt`, kernels/cuda/mmt.cu) over `parts`, checked
-    /// by the caller: a block per [`MMT_WEIGHT_ROWS`] weight rows of them all, range of
-    /// super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`] activation rows.
+    /// One streamed matmul launch (kernels/cuda/mmt.cu) over `parts`, checked by the caller.
+    /// On the tensor cores (`Streamed`): a block per [`MMT_WEIGHT_ROWS`] weight rows of them
+    /// all, range of super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`]
+    /// activation rows. A few activation rows (`StreamedRow`): a warp per range of a weight row,
+    /// [`MMT_ROW_WARPS`] rows per block without ranges, a block per row with them, each
+    /// activation row in turn.
     fn streamed_matmul(
         &self,
         mmt: &R::Function,
+        launch: MatvecLaunch,
         x: &GpuActivations<R>,
         activations: [KernelArg; 5],
         rows: usize,
@@ -588,11 +615,24 @@ impl<R: Runtime> GpuBackend<R> {
             ),
         })?;
         let (row_bytes, cols) = (parts[0].matrix.row_bytes, parts[0].matrix.cols);
+        let weight_rows: usize = parts.iter().map(|p| p.matrix.rows).sum();
         let row_blocks: usize = parts
             .iter()
             .map(|p| p.matrix.rows.div_ceil(MMT_WEIGHT_ROWS))
             .sum();
         let ksplit = streamed_split(row_blocks, cols / MMT_SUPERBLOCK, self.multiprocessors);
+        let mut args = parts_args(parts);
+        args.extend([(row_bytes as u64).into(), int(cols)]);
+        args.extend(activations);
+        args.push(int(ksplit));
+        if launch == MatvecLaunch::StreamedRow {
+            let (grid, warps) = if ksplit == 1 {
+                (weight_rows.div_ceil(MMT_ROW_WARPS), MMT_ROW_WARPS)
+            } else {
+                (weight_rows, ksplit)
+            };
+            return self.launch("matmul", mmt, grid as u32, warps as u32 * LANES, &args);
+        }
         let tiles = rows.div_ceil(MMT_TILE_ROWS);
         assert!(
             ksplit == 1
@@ -605,10 +645,7 @@ impl<R: Runtime> GpuBackend<R> {
             op: "matmul",
             detail: format!("{rows} activation rows over {row_blocks} row blocks: too many blocks"),
         })?;
-        let mut args = parts_args(parts);
-        args.extend([(row_bytes as u64).into(), int(cols)]);
-        args.extend(activations);
-        args.extend([int(ksplit), scratch.partials.arg(), scratch.counters.arg()]);
+        args.extend([scratch.partials.arg(), scratch.counters.arg()]);
         self.launch("matmul", mmt, grid, MMT_THREADS, &args)
     }
 
@@ -1184,7 +1221,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             );
             let together = if matches!(
                 launch,
-                MatvecLaunch::Parts | MatvecLaunch::Pairs | MatvecLaunch::Streamed
+                MatvecLaunch::Parts
+                    | MatvecLaunch::Pairs
+                    | MatvecLaunch::Streamed
+                    | MatvecLaunch::StreamedRow
             ) {
                 rest.iter()
                     .take(MATVEC_PARTS)
@@ -1466,6 +1506,9 @@ enum MatvecLaunch {
     /// Over up to [`MATVEC_PARTS`] matrices of one format on the tensor cores, streamed
     /// (`GpuBackend::streamed_matmul`).
     Streamed,
+    /// As `Streamed` for up to [`MMT_ROW_MAX_ROWS`] activation rows, through its one-row kernel
+    /// of the same bits.
+    StreamedRow,
 }
 
 /// The arguments of the kernels that take up to [`MATVEC_PARTS`] matrices (`MatvecPart`s of
