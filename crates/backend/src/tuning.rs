@@ -26,8 +26,9 @@ pub struct GpuTuning {
     /// Every pass of a matrix whose format has one runs through the streamed tensor-core
     /// matmul (CUDA, sm_80 and later, Q4_K: `kernels/cuda/mmt.cu`), whatever its rows, instead
     /// of the matvec and `mmq_rows`. It adds a row's products in its own order, the same in a
-    /// pass of any length, so logits move within rounding against the matvec, and a pass of
-    /// several tokens costs little more than one.
+    /// pass of any length (its one-row kernel, for passes of one or two rows, too), so logits
+    /// move within rounding against the matvec, and a pass of several tokens costs little more
+    /// than one.
     pub streamed_matmul: bool,
 }
 
@@ -46,7 +47,9 @@ impl GpuTuning {
     /// context; four matvec warps were as fast as two or eight; looping the one-row matvec up
     /// to 16 rows decodes 2, 8 and 16 sequences 15%, 10% and 4% faster than the multi-row
     /// instances; the tensor-core matmul decodes 6 sequences as fast as that loop, 8 and 16
-    /// sequences 20% and 70% faster, 2 and 4 sequences 45% and 19% slower.
+    /// sequences 20% and 70% faster, 2 and 4 sequences 45% and 19% slower. The streamed matmul
+    /// stays off here, where the GPU tests take the matvec as their reference, and a single
+    /// stream decodes 6% faster without it; the CUDA host profiles turn it on.
     pub const DEFAULT: GpuTuning = GpuTuning {
         matvec_warps: 4,
         attention_warps: 16,
