@@ -312,6 +312,42 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
     bytes
 }
 
+/// Rows `ids` of `table`, `cols` wide, embedded on `gpu` as one sequence's activations, with
+/// the batch they came through (kept until the work queued on it has run).
+fn embedded(
+    gpu: &GpuBackend,
+    table: &<GpuBackend as Backend>::Matrix,
+    ids: &[u32],
+    cols: usize,
+) -> (
+    <GpuBackend as Backend>::Batch,
+    <GpuBackend as Backend>::Activations,
+) {
+    // Only the embedding runs: the rotary tables go unused.
+    const ROPE: Rope = Rope {
+        style: RopeStyle::Neox,
+        rotary_dims: 64,
+        freq_base: 1e4,
+        position_scale: 1.0,
+    };
+    let mut batch = RaggedBatch::new();
+    let seq = batch.push_sequence(&[0]);
+    for (i, &id) in ids.iter().enumerate() {
+        batch.push_token(seq, id, i as u32, false);
+    }
+    let capacity = BatchCapacity {
+        tokens: ids.len(),
+        sequences: 1,
+        blocks: 1,
+        logits: 1,
+    };
+    let mut device_batch = gpu.batch(capacity, ROPE).unwrap();
+    gpu.set_batch(&mut device_batch, &batch).unwrap();
+    let mut x = gpu.activations(ids.len(), cols).unwrap();
+    gpu.embed(table, &device_batch, &mut x).unwrap();
+    (device_batch, x)
+}
+
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
@@ -325,13 +361,6 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
     // row alone.
     const SHAPES: [(usize, usize); 2] = [(1536, 8193), (8960, 41)];
     const VOCAB: usize = 64;
-    // Only the embedding runs: the rotary tables go unused.
-    const ROPE: Rope = Rope {
-        style: RopeStyle::Neox,
-        rotary_dims: 64,
-        freq_base: 1e4,
-        position_scale: 1.0,
-    };
     let tensor_cores = GpuTuning {
         mmq_rows: 1,
         ..GpuTuning::DEFAULT
@@ -393,26 +422,15 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                 })
                 .collect();
             for tokens in [1, 2, 5, 8, 9, 16, 17, 33, 40] {
-                let mut batch = RaggedBatch::new();
-                let seq = batch.push_sequence(&[0]);
-                for i in 0..tokens {
-                    batch.push_token(seq, (rng.next_u64() % VOCAB as u64) as u32, i as u32, false);
-                }
+                let ids: Vec<u32> = (0..tokens)
+                    .map(|_| (rng.next_u64() % VOCAB as u64) as u32)
+                    .collect();
                 let results: Vec<Vec<f32>> = backends
                     .iter()
                     .zip(&loaded)
                     .map(|((_, gpu), (table, w, bias))| {
-                        let capacity = BatchCapacity {
-                            tokens,
-                            sequences: 1,
-                            blocks: 1,
-                            logits: 1,
-                        };
-                        let mut device_batch = gpu.batch(capacity, ROPE).unwrap();
-                        gpu.set_batch(&mut device_batch, &batch).unwrap();
-                        let mut x = gpu.activations(tokens, cols).unwrap();
+                        let (_batch, x) = embedded(gpu, table, &ids, cols);
                         let mut out = gpu.activations(tokens, rows).unwrap();
-                        gpu.embed(table, &device_batch, &mut x).unwrap();
                         gpu.matmul(w, Some(bias), &x, tokens, &mut out).unwrap();
                         let mut host = vec![0.0; tokens * rows];
                         gpu.read_rows(&out, tokens, &mut host).unwrap();
@@ -451,13 +469,6 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
     // each row into ranges whose sums the last block adds.
     const SHAPES: [(usize, &[usize]); 2] = [(1536, &[1536, 256, 256]), (8960, &[41])];
     const VOCAB: usize = 64;
-    // Only the embedding runs: the rotary tables go unused.
-    const ROPE: Rope = Rope {
-        style: RopeStyle::Neox,
-        rotary_dims: 64,
-        freq_base: 1e4,
-        position_scale: 1.0,
-    };
     let (streamed, matvec) = (tuned(STREAMED), tuned(TUNINGS[1]));
     #[cfg(feature = "cuda")]
     assert!(
@@ -509,21 +520,7 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
                 })
                 .collect();
             let tokens = ids.len();
-            let mut batch = RaggedBatch::new();
-            let seq = batch.push_sequence(&[0]);
-            for (i, &id) in ids.iter().enumerate() {
-                batch.push_token(seq, id, i as u32, false);
-            }
-            let capacity = BatchCapacity {
-                tokens,
-                sequences: 1,
-                blocks: 1,
-                logits: 1,
-            };
-            let mut device_batch = gpu.batch(capacity, ROPE).unwrap();
-            gpu.set_batch(&mut device_batch, &batch).unwrap();
-            let mut x = gpu.activations(tokens, cols).unwrap();
-            gpu.embed(&table, &device_batch, &mut x).unwrap();
+            let (_batch, x) = embedded(gpu, &table, ids, cols);
             let mut outs: Vec<_> = parts
                 .iter()
                 .map(|&rows| gpu.activations(tokens, rows).unwrap())
