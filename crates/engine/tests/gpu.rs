@@ -205,8 +205,15 @@ const NEAR_TIE: f32 = 0.05;
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie() {
-    let gpu = gpu();
+    for tuning in [GpuTuning::DEFAULT, STREAMED] {
+        greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie_with(tuning);
+    }
+}
+
+fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie_with(tuning: GpuTuning) {
+    let gpu = tuned(tuning);
     let cpu = Arc::new(CpuBackend::new(None).unwrap());
+    println!("{}", gpu.describe());
     for name in MODELS {
         let file = open(name);
         let (on_cpu, on_gpu) = (on(&cpu, &file), on(&gpu, &file));
