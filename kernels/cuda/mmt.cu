@@ -441,17 +441,8 @@ extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)
     const int range = ksplit == 1 ? 0 : warp;
     int row = blockIdx.x * rows_per_block + (ksplit == 1 ? warp : 0);
     MatvecPart part = {w0, rows0, bias0, out0};
-    const MatvecPart second = {w1, rows1, bias1, out1}, third = {w2, rows2, bias2, out2};
-    bool has_row = true;
-    if (row >= part.rows) {
-        row -= part.rows;
-        part = second;
-        if (row >= part.rows) {
-            row -= part.rows;
-            part = third;
-            has_row = row < part.rows;
-        }
-    }
+    const bool has_row =
+        locate_row<3>(part, {w1, rows1, bias1, out1}, {w2, rows2, bias2, out2}, row);
     const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
     const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
     const uint8_t *w_row = has_row ? part.w + (size_t)row * row_bytes : nullptr;

@@ -73,27 +73,6 @@ static __device__ __forceinline__ void dot_spans(float acc[TOKENS], const uint8_
     }
 }
 
-// The part that row `row` of the launch's parts lies in, and its row there; false past them all.
-// Chosen by comparisons, not by indexing an array, which would put the parts in memory.
-template <int PARTS>
-static __device__ __forceinline__ bool locate_row(MatvecPart &part, const MatvecPart &second,
-                                                  const MatvecPart &third, int &row) {
-    if (row < part.rows) {
-        return true;
-    }
-    if (PARTS == 1) {
-        return false;
-    }
-    row -= part.rows;
-    part = second;
-    if (row < part.rows) {
-        return true;
-    }
-    row -= part.rows;
-    part = third;
-    return row < part.rows;
-}
-
 // Quantized weights times quantized activations, TOKENS activation rows at a time; cols is a
 // multiple of 32. With PARTS = 3, one launch covers up to three matrices of the same format and
 // width over the same activations (a layer's q, k and v; its gate and up), warp r taking row r

@@ -18,6 +18,27 @@ struct MatvecPart {
     float *out;
 };
 
+// The part that row `row` of the launch's parts lies in, and its row there; false past them all.
+// Chosen by comparisons, not by indexing an array, which would put the parts in memory.
+template <int PARTS>
+static __device__ __forceinline__ bool locate_row(MatvecPart &part, const MatvecPart &second,
+                                                  const MatvecPart &third, int &row) {
+    if (row < part.rows) {
+        return true;
+    }
+    if (PARTS == 1) {
+        return false;
+    }
+    row -= part.rows;
+    part = second;
+    if (row < part.rows) {
+        return true;
+    }
+    row -= part.rows;
+    part = third;
+    return row < part.rows;
+}
+
 // A span's 32 weights, as two runs of 16 quants packed four to an int (byte i of
 // lo[k] is quant 4k + i of the run): run `lo` covers columns first..first+16 and its values are
 // d_lo * q + m_lo; likewise `hi` from column second. A run never straddles a group of 32
