@@ -311,17 +311,20 @@ mod tests {
         );
         let refused = flags.resolve(None, Device::Cpu).unwrap_err().to_string();
         assert!(refused.contains("not --device cpu"), "{refused}");
-        let streamed = TuningArgs {
-            streamed_matmul: Some(true),
+        // The flag overrides the profile's key either way.
+        let rtx3090 = HostProfile::embedded("rtx3090").unwrap();
+        let from_profile = rtx3090.kernels().unwrap().streamed_matmul.unwrap();
+        let flipped = TuningArgs {
+            streamed_matmul: Some(!from_profile),
             ..TuningArgs::default()
         };
-        let rtx3090 = HostProfile::embedded("rtx3090").unwrap();
-        assert!(
-            streamed
+        assert_eq!(
+            flipped
                 .resolve(Some(&rtx3090), Device::Cuda)
                 .unwrap()
-                .streamed_matmul
+                .streamed_matmul,
+            !from_profile
         );
-        assert!(streamed.resolve(None, Device::Cpu).is_err());
+        assert!(flipped.resolve(None, Device::Cpu).is_err());
     }
 }
