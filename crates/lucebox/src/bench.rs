@@ -106,6 +106,8 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             threads: args.threads,
             device: args.device,
             activations: args.activations,
+            chip: args.chip.as_deref(),
+            tuning: &args.tuning,
             concurrency: &args.concurrency,
             requests: args.requests,
             max_tokens: args.max_tokens,

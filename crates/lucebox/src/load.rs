@@ -143,6 +143,25 @@ fn tuning_help(what: &str, default: u32) -> String {
 }
 
 impl TuningArgs {
+    /// The flags given, as arguments for a `lucebox` command this one starts.
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        let numbers = [
+            ("--matvec-warps", self.matvec_warps),
+            ("--attention-warps", self.attention_warps),
+            ("--matvec-loop-rows", self.matvec_loop_rows),
+            ("--mmq-rows", self.mmq_rows),
+        ];
+        numbers
+            .into_iter()
+            .filter_map(|(flag, value)| Some((flag, value?.to_string())))
+            .chain(
+                self.streamed_matmul
+                    .map(|on| ("--streamed-matmul", on.to_string())),
+            )
+            .flat_map(|(flag, value)| [flag.to_owned(), value])
+            .collect()
+    }
+
     /// The launch shapes for `device`: these flags over `profile`'s `[kernels]` over the
     /// backend's defaults. The backend checks the ranges when it starts.
     pub(crate) fn resolve(
@@ -326,5 +345,18 @@ mod tests {
             !from_profile
         );
         assert!(flipped.resolve(None, Device::Cpu).is_err());
+        assert_eq!(
+            TuningArgs {
+                mmq_rows: Some(2),
+                ..flipped
+            }
+            .to_args(),
+            [
+                "--mmq-rows",
+                "2",
+                "--streamed-matmul",
+                &(!from_profile).to_string()
+            ]
+        );
     }
 }

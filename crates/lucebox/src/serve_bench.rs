@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::load::{Activations, Device};
+use crate::load::{Activations, Device, TuningArgs};
 use crate::spec_bench::{BenchPrompt, prompt_set};
 
 /// What to load and how.
@@ -31,6 +31,9 @@ pub(crate) struct ServeBenchArgs<'a> {
     pub device: Device,
     /// The target's activation precision `lucebox serve` gets.
     pub activations: Activations,
+    /// The host profile and kernel tuning flags `lucebox serve` gets.
+    pub chip: Option<&'a str>,
+    pub tuning: &'a TuningArgs,
     pub concurrency: &'a [usize],
     /// Requests per concurrency level (default: twice the level, at least 8).
     pub requests: Option<usize>,
@@ -168,6 +171,10 @@ fn spawn_server(model: &str, args: &ServeBenchArgs<'_>) -> anyhow::Result<(Strin
     if let Some(threads) = args.threads {
         command.args(["--threads", &threads.to_string()]);
     }
+    if let Some(chip) = args.chip {
+        command.args(["--chip", chip]);
+    }
+    command.args(args.tuning.to_args());
     for (flag, value) in [
         ("--device", clap::ValueEnum::to_possible_value(&args.device)),
         (
