@@ -1,5 +1,5 @@
-// Q4_K matrices times the backend's two-part activations (q8.cuh) on the tensor cores, for
-// passes of any number of activation rows: decode, verify steps, batches and prefill alike.
+// Q4_K and Q6_K matrices times the backend's two-part activations (q8.cuh) on the tensor cores,
+// for passes of any number of activation rows: decode, verify steps, batches and prefill alike.
 // The host profile's `streamed_matmul` chooses it over the matvec and mmq.cu.
 //
 // mmq.cu reproduces the matvec's order of float additions, which ties it to the matvec's
@@ -13,16 +13,18 @@
 // MMT_TOKENS activation rows. It streams the super-blocks of its K range through shared memory
 // (cp.async, MMT_STAGES in flight): each weight byte is read from global memory once per tile,
 // in 16-byte pieces, and each warp loads its mma fragments from shared memory, where rows are
-// padded so that a warp's loads fall in distinct banks. A sub-block of 32 columns is one
+// padded so that a warp's loads fall in distinct banks. A Q4_K sub-block of 32 columns is one
 // mma.sync m16n8k32 s8 per activation part; each lane feeds 8 consecutive columns (8 bytes of
 // activations, the matching nibbles of its two weight rows, 8 consecutive bytes of a Q4_K
-// block): where a column sits inside an mma is free as long as both sides agree. Integer sums
-// are exact; each sub-block's are scaled in float (q4_k_sub_block_value), and a row's values
-// are added in the order of a warp reduction: each turn of four super-blocks (32 sub-blocks)
-// as a pairwise tree, the turns in order (TurnSums). So a one-row kernel whose lanes take a
-// sub-block each and whose warp adds them with a butterfly (mmt_row_q4_k) gives the same bits,
-// and decode and two-row passes take it: on a single row, the tiles' blocks of four warps,
-// each waiting on its staged super-block, hide less latency than many independent warps.
+// block): where a column sits inside an mma is free as long as both sides agree. A Q6_K
+// sub-block has a scale per 16 columns, so it is an m16n8k16 per half and part, its quants
+// taken as q - 32. Integer sums are exact; each sub-block's are scaled in float (the format's
+// sub_block_value), and a row's values are added in the order of a warp reduction: each turn
+// of four super-blocks (32 sub-blocks) as a pairwise tree, the turns in order (TurnSums). So a
+// one-row kernel whose lanes take a sub-block each and whose warp adds them with a butterfly
+// (mmt_row_<format>) gives the same bits, and decode and two-row passes take it: on a single
+// row, the tiles' blocks of four warps, each waiting on its staged super-block, hide less
+// latency than many independent warps.
 //
 // Where a launch has fewer row blocks than the GPU has SMs, the super-blocks are cut into
 // `ksplit` ranges, one block each, chosen by the host from the matrices' shape alone (never
@@ -46,15 +48,25 @@
 #ifndef MMT_STAGES
 #define MMT_STAGES 2
 #endif
-// Bytes per staged weight row (a 144-byte Q4_K block, padded), per staged activation row of
-// one part (256 bytes, padded), and per staged row of scales and sums (8 groups of 16 bytes).
-#define MMT_W_STRIDE 160
+// A stage holds the block's weight rows (as their format lays them out below), then the tile
+// of activations: each row's high part (256 bytes, padded), the low parts, then per row its
+// scales and sums (8 groups of 16 bytes). Offsets in the tile:
 #define MMT_X_STRIDE 288
 #define MMT_S_STRIDE 144
-#define MMT_X_HI (MMT_BLOCK_ROWS * MMT_W_STRIDE)
-#define MMT_X_LO (MMT_X_HI + MMT_TOKENS * MMT_X_STRIDE)
-#define MMT_SCALES (MMT_X_LO + MMT_TOKENS * MMT_X_STRIDE)
-#define MMT_STAGE_BYTES (MMT_SCALES + MMT_TOKENS * MMT_S_STRIDE)
+#define MMT_X_HI 0
+#define MMT_X_LO (MMT_TOKENS * MMT_X_STRIDE)
+#define MMT_SCALES (2 * MMT_TOKENS * MMT_X_STRIDE)
+#define MMT_TILE_BYTES (MMT_SCALES + MMT_TOKENS * MMT_S_STRIDE)
+// Q4_K: a row's 144-byte block, padded.
+#define MMT_Q4_K_STRIDE 160
+#define MMT_Q4_K_TILE (MMT_BLOCK_ROWS * MMT_Q4_K_STRIDE)
+// Q6_K: blocks are 210 bytes, only 2-byte aligned, so a row's block comes as the 14 aligned
+// 16-byte words that cover it, starting `skew` bytes into the first (padded: distinct banks);
+// the rows' skews follow the rows.
+#define MMT_Q6_K_WORDS 14
+#define MMT_Q6_K_STRIDE 240
+#define MMT_Q6_K_SKEWS (MMT_BLOCK_ROWS * MMT_Q6_K_STRIDE)
+#define MMT_Q6_K_TILE (MMT_Q6_K_SKEWS + MMT_BLOCK_ROWS)
 
 // c = a . b over 32 columns: a 16 x 32 (row), b 32 x 8 (column), in the fragment layout of
 // PTX's m16n8k32 .s8 mma (lane = 4 * group + t: a0, a2 row `group`, a1, a3 row group + 8, each
@@ -64,6 +76,15 @@ static __device__ __forceinline__ void mma_k32(int c[4], const int a[4], int b0,
         "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+// c = a . b over 16 columns, in the layout of m16n8k16 .s8: a_g row `group`, a_g8 row group + 8,
+// each four columns 4t..; b the same columns of column `group`.
+static __device__ __forceinline__ void mma_k16(int c[4], int a_g, int a_g8, int b) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%7, %7, %7, %7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a_g), "r"(a_g8), "r"(b), "r"(0));
 }
 
 // The f16 in the low (high = false) or high half of w.
@@ -101,13 +122,13 @@ static __device__ __forceinline__ void stage_q4_k_weights(uint8_t *stage, const 
     for (int p = threadIdx.x; p < MMT_BLOCK_ROWS * 9; p += blockDim.x) {
         const int r = p / 9, piece = p % 9;
         const int row = min(row0 + r, rows - 1);
-        copy16_async(stage + r * MMT_W_STRIDE + 16 * piece,
+        copy16_async(stage + r * MMT_Q4_K_STRIDE + 16 * piece,
                      w + (size_t)row * row_bytes + (size_t)blk * 144 + 16 * piece);
     }
 }
 
-// Copies the activations of super-block blk for rows t0.. into a stage: both parts, and per
-// group of 32 (d_hi, d_lo, sum of the first 16, sum of the second 16).
+// Copies the activations of super-block blk for rows t0.. into a stage's tile: both parts,
+// and per group of 32 (d_hi, d_lo, sum of the first 16, sum of the second 16).
 static __device__ __forceinline__ void stage_activations(uint8_t *stage, const signed char *x_hi,
                                                          const signed char *x_lo,
                                                          const float2 *x_scales,
@@ -142,7 +163,7 @@ static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, 
     const unsigned shift = 4 * (sub % 2);
     const int a[4] = {(int)((pa.x >> shift) & 0x0F0F0F0F), (int)((pb.x >> shift) & 0x0F0F0F0F),
                       (int)((pa.y >> shift) & 0x0F0F0F0F), (int)((pb.y >> shift) & 0x0F0F0F0F)};
-    const uint8_t *x = stage + MMT_X_HI + group * MMT_X_STRIDE + 32 * sub + 8 * t;
+    const uint8_t *x = stage + MMT_Q4_K_TILE + MMT_X_HI + group * MMT_X_STRIDE + 32 * sub + 8 * t;
     const int2 xh = *(const int2 *)x;
     const int2 xl = *(const int2 *)(x + MMT_X_LO - MMT_X_HI);
     mma_k32(ch, a, xh.x, xh.y);
@@ -156,8 +177,8 @@ static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, 
 template <typename Use>
 static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage, int warp,
                                                            int group, int t, Use use) {
-    const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT_W_STRIDE;
-    const uint8_t *rb = ra + 8 * MMT_W_STRIDE;
+    const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT_Q4_K_STRIDE;
+    const uint8_t *rb = ra + 8 * MMT_Q4_K_STRIDE;
     const uint4 head_a = *(const uint4 *)ra, head_b = *(const uint4 *)rb;
     const unsigned qa[3] = {head_a.y, head_a.z, head_a.w};
     const unsigned qb[3] = {head_b.y, head_b.z, head_b.w};
@@ -192,10 +213,62 @@ static __device__ __forceinline__ float q4_k_sub_block_value(float d, float dmin
     return __fmaf_rn(__fmul_rn(d, (float)sc), v, -__fmul_rn(__fmul_rn(dmin, (float)m), x_sum));
 }
 
-// A lane's four outputs, added as the one-row kernel's warp adds a row (mmt_row_q4_k): a turn
-// of four super-blocks (32 sub-blocks, one per lane there) is a pairwise tree, sub-blocks
-// paired first, then pairs, and so on, the butterfly of its warp reduction, with +0 for
-// absent super-blocks; the turns of a range are added in order.
+// The value of one Q6_K sub-block of 32 weights times 32 activations: from the block's d, the
+// activations' (d_hi, d_lo), and per part the halves' integer dot products (quants q - 32)
+// times their 8-bit scales, added: at most 2 * 16 * 32 * 128 * 128 = 2^24 in magnitude, so
+// converted exactly.
+static __device__ __forceinline__ float q6_k_sub_block_value(float d, float2 x, int scaled_hi,
+                                                            int scaled_lo) {
+    return __fmul_rn(d, __fmaf_rn(x.x, __int2float_rn(scaled_hi),
+                                  __fmul_rn(x.y, __int2float_rn(scaled_lo))));
+}
+
+// Four 6-bit Q6_K quants q, one per byte, as the signed bytes q - 32: bit 5 flipped, then
+// copied into bits 6 and 7.
+static __device__ __forceinline__ int centred_q6(unsigned q) {
+    const unsigned v = q ^ 0x20202020u;
+    return (int)(v | ((v & 0x20202020u) * 6));
+}
+
+// Four quants of Q6_K quarter `quarter` of a half: from a word of its low nibbles (ql) and the
+// matching word of high bit pairs (qh).
+static __device__ __forceinline__ int q6_k_quants(unsigned ql, unsigned qh, unsigned quarter) {
+    return centred_q6(((ql >> (4 * (quarter / 2))) & 0x0F0F0F0F) |
+                      (((qh >> (2 * quarter)) & 0x03030303) << 4));
+}
+
+// A lane's four outputs, added as the one-row kernel's warp adds a row (mmt_row_<format>): a
+// turn of four super-blocks (32 sub-blocks, one per lane there) is a pairwise tree, sub-blocks
+// paired first, then pairs, and so on, the butterfly of its warp reduction, with +0 for absent
+// super-blocks; the turns of a range are added in order. SubBlockTree adds a super-block's
+// sub-blocks, TurnSums the super-blocks.
+struct SubBlockTree {
+    // The pending nodes: the even sub-block, the first pair of four, the first four.
+    float even[4], pair[4], four[4];
+    // Takes sub-block `sub`'s values (sub-blocks in order); after the eighth, the super-block's
+    // are in `value`.
+    __device__ __forceinline__ void add(unsigned sub, const float v[4], float value[4]) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (sub % 2 == 0) {
+                even[k] = v[k];
+                continue;
+            }
+            const float p = __fadd_rn(even[k], v[k]);
+            if (sub % 4 == 1) {
+                pair[k] = p;
+                continue;
+            }
+            const float q = __fadd_rn(pair[k], p);
+            if (sub == 3) {
+                four[k] = q;
+            } else {
+                value[k] = __fadd_rn(four[k], q);
+            }
+        }
+    }
+};
+
 struct TurnSums {
     float total[4] = {0.0f, 0.0f, 0.0f, 0.0f}, even[4], pair[4];
     // The next super-block's place in its turn (the same in every lane of the block).
@@ -223,62 +296,161 @@ struct TurnSums {
     }
 };
 
-// A staged super-block's values for this lane's four outputs (rows `group` and group + 8 of
-// the warp's 16, times activation rows 2t and 2t + 1 of the tile): each sub-block's value, and
-// the eight as a pairwise tree.
+// A staged Q4_K super-block's values for this lane's four outputs (rows `group` and group + 8
+// of the warp's 16, times activation rows 2t and 2t + 1 of the tile).
 static __device__ __forceinline__ void q4_k_superblock(const uint8_t *stage, int warp,
                                                        int group, int t, float value[4]) {
+    const uint8_t *tile = stage + MMT_Q4_K_TILE;
     const int got0 = 2 * t, got1 = got0 + 1;
-    // The tree's pending nodes: the even sub-block, the first pair of four, the first four.
-    float even[4], pair[4], four[4];
+    SubBlockTree tree;
     for_each_sub_block(stage, warp, group, t,
                        [&](unsigned sub, const int ch[4], const int cl[4], int sc_a, int m_a,
                            int sc_b, int m_b, float4 d) {
-        const float4 s0 = *(const float4 *)(stage + MMT_SCALES + got0 * MMT_S_STRIDE + 16 * sub);
-        const float4 s1 = *(const float4 *)(stage + MMT_SCALES + got1 * MMT_S_STRIDE + 16 * sub);
+        const float4 s0 = *(const float4 *)(tile + MMT_SCALES + got0 * MMT_S_STRIDE + 16 * sub);
+        const float4 s1 = *(const float4 *)(tile + MMT_SCALES + got1 * MMT_S_STRIDE + 16 * sub);
         const float sum0 = __fadd_rn(s0.z, s0.w), sum1 = __fadd_rn(s1.z, s1.w);
         const float2 x0 = make_float2(s0.x, s0.y), x1 = make_float2(s1.x, s1.y);
         const float v[4] = {q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x0, sum0, ch[0], cl[0]),
                             q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x1, sum1, ch[1], cl[1]),
                             q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x0, sum0, ch[2], cl[2]),
                             q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x1, sum1, ch[3], cl[3])};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (sub % 2 == 0) {
-                even[k] = v[k];
-                continue;
-            }
-            const float p = __fadd_rn(even[k], v[k]);
-            if (sub % 4 == 1) {
-                pair[k] = p;
-                continue;
-            }
-            const float q = __fadd_rn(pair[k], p);
-            if (sub == 3) {
-                four[k] = q;
-            } else {
-                value[k] = __fadd_rn(four[k], q);
-            }
-        }
+        tree.add(sub, v, value);
     });
 }
 
-// The backend's activations (groups of 32): how a stage holds them, how a staged super-block
-// is multiplied, and how a lane's super-block values are added. The block below takes any
-// such policy (tests/cuda/mmt measures others).
-struct Activations32 {
+// Copies Q6_K super-block blk of the block's rows row0.. (the last row repeated past `rows`)
+// into a stage, with each row's skew.
+static __device__ __forceinline__ void stage_q6_k_weights(uint8_t *stage, const uint8_t *w,
+                                                          int row0, int rows,
+                                                          unsigned long long row_bytes,
+                                                          unsigned blk) {
+    for (int p = threadIdx.x; p < MMT_BLOCK_ROWS * MMT_Q6_K_WORDS; p += blockDim.x) {
+        const int r = p / MMT_Q6_K_WORDS, word = p % MMT_Q6_K_WORDS;
+        const int row = min(row0 + r, rows - 1);
+        const uint8_t *block = w + (size_t)row * row_bytes + (size_t)blk * BlockQ6_K::BYTES;
+        const unsigned skew = (unsigned)((size_t)block % 16);
+        copy16_async(stage + r * MMT_Q6_K_STRIDE + 16 * word, block - skew + 16 * word);
+        if (word == 0) {
+            stage[MMT_Q6_K_SKEWS + r] = (uint8_t)skew;
+        }
+    }
+}
+
+// Bytes [at, at + 4) of a staged row (at even): two aligned words, shifted together.
+static __device__ __forceinline__ unsigned staged_word(const uint8_t *row, unsigned at) {
+    const unsigned *words = (const unsigned *)row + at / 4;
+    return __funnelshift_r(words[0], words[1], 8 * (at % 4));
+}
+
+// A staged Q6_K super-block's values for this lane's four outputs, as q4_k_superblock's. Lane
+// (group, t) feeds columns 16h + 4t.. of each half h of a sub-block: the bytes at the same
+// places of its rows' low nibbles and high bit pairs, and of the activations.
+static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int warp,
+                                                       int group, int t, float value[4]) {
+    const uint8_t *tile = stage + MMT_Q6_K_TILE;
+    const int got0 = 2 * t, got1 = got0 + 1;
+    const int in_a = MMT_ROWS * warp + group, in_b = in_a + 8;
+    const uint8_t *ra = stage + in_a * MMT_Q6_K_STRIDE, *rb = stage + in_b * MMT_Q6_K_STRIDE;
+    const unsigned skew_a = stage[MMT_Q6_K_SKEWS + in_a], skew_b = stage[MMT_Q6_K_SKEWS + in_b];
+    const float d[4] = {load_f16(ra + skew_a + 208), load_f16(ra + skew_a + 208),
+                        load_f16(rb + skew_b + 208), load_f16(rb + skew_b + 208)};
+    unsigned scales_a[4], scales_b[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        scales_a[i] = staged_word(ra, skew_a + 192 + 4 * i);
+        scales_b[i] = staged_word(rb, skew_b + 192 + 4 * i);
+    }
+    SubBlockTree tree;
+#pragma unroll
+    for (unsigned n = 0; n < 2; n++) {
+        // Per half h: the high bit pairs, and the low nibbles of quarters 0 and 2 (s = 0) and
+        // 1 and 3 (s = 1).
+        unsigned qh_a[2], qh_b[2], ql_a[2][2], ql_b[2][2];
+#pragma unroll
+        for (unsigned h = 0; h < 2; h++) {
+            qh_a[h] = staged_word(ra, skew_a + 128 + 32 * n + 16 * h + 4 * t);
+            qh_b[h] = staged_word(rb, skew_b + 128 + 32 * n + 16 * h + 4 * t);
+#pragma unroll
+            for (unsigned s = 0; s < 2; s++) {
+                ql_a[s][h] = staged_word(ra, skew_a + 64 * n + 32 * s + 16 * h + 4 * t);
+                ql_b[s][h] = staged_word(rb, skew_b + 64 * n + 32 * s + 16 * h + 4 * t);
+            }
+        }
+#pragma unroll
+        for (unsigned quarter = 0; quarter < 4; quarter++) {
+            const unsigned sub = 4 * n + quarter;
+            const uint8_t *x = tile + MMT_X_HI + group * MMT_X_STRIDE + 32 * sub + 4 * t;
+            // Per half: the products with each part, then scaled by the half's scale.
+            int scaled_hi[4] = {0, 0, 0, 0}, scaled_lo[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (unsigned h = 0; h < 2; h++) {
+                int ch[4], cl[4];
+                const int a = q6_k_quants(ql_a[quarter % 2][h], qh_a[h], quarter);
+                const int b = q6_k_quants(ql_b[quarter % 2][h], qh_b[h], quarter);
+                mma_k16(ch, a, b, *(const int *)(x + 16 * h));
+                mma_k16(cl, a, b, *(const int *)(x + MMT_X_LO - MMT_X_HI + 16 * h));
+                const unsigned scale = 8 * n + 2 * quarter + h;
+                const int sc_a = (signed char)(scales_a[scale / 4] >> (8 * (scale % 4)));
+                const int sc_b = (signed char)(scales_b[scale / 4] >> (8 * (scale % 4)));
+                const int sc[4] = {sc_a, sc_a, sc_b, sc_b};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    scaled_hi[k] += sc[k] * ch[k];
+                    scaled_lo[k] += sc[k] * cl[k];
+                }
+            }
+            const float4 s0 = *(const float4 *)(tile + MMT_SCALES + got0 * MMT_S_STRIDE + 16 * sub);
+            const float4 s1 = *(const float4 *)(tile + MMT_SCALES + got1 * MMT_S_STRIDE + 16 * sub);
+            const float2 xs[4] = {make_float2(s0.x, s0.y), make_float2(s1.x, s1.y),
+                                  make_float2(s0.x, s0.y), make_float2(s1.x, s1.y)};
+            float v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[k] = q6_k_sub_block_value(d[k], xs[k], scaled_hi[k], scaled_lo[k]);
+            }
+            tree.add(sub, v, value);
+        }
+    }
+}
+
+// The backend's activations (groups of 32), staged after a format's weight rows, which take
+// `WEIGHT_BYTES`: how a stage holds them. The block below takes tiles of a format on such
+// activations (Q4KTile, Q6KTile) or others (tests/cuda/mmt measures some): how a stage holds
+// weights and activations, how a staged super-block is multiplied, and how a lane's
+// super-block values are added.
+template <int WEIGHT_BYTES> struct Activations32 {
     const signed char *hi, *lo;
     const float2 *scales;
     const float *sums;
-    static constexpr int STAGE_BYTES = MMT_STAGE_BYTES;
+    static constexpr int STAGE_BYTES = WEIGHT_BYTES + MMT_TILE_BYTES;
     using Sums = TurnSums;
     __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
-        stage_activations(to, hi, lo, scales, sums, cols, t0, tokens, blk);
+        stage_activations(to + WEIGHT_BYTES, hi, lo, scales, sums, cols, t0, tokens, blk);
+    }
+};
+
+struct Q4KTile : Activations32<MMT_Q4_K_TILE> {
+    static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,
+                                         unsigned long long row_bytes, unsigned blk) {
+        stage_q4_k_weights(to, w, row0, rows, row_bytes, blk);
     }
     __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
                              Sums &into) const {
         float value[4];
         q4_k_superblock(stage, warp, group, t, value);
+        into.add(value);
+    }
+};
+
+struct Q6KTile : Activations32<MMT_Q6_K_TILE> {
+    static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,
+                                         unsigned long long row_bytes, unsigned blk) {
+        stage_q6_k_weights(to, w, row0, rows, row_bytes, blk);
+    }
+    __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
+                             Sums &into) const {
+        float value[4];
+        q6_k_superblock(stage, warp, group, t, value);
         into.add(value);
     }
 };
@@ -293,14 +465,13 @@ static __device__ __forceinline__ int row_blocks_of(int rows) {
 // of the row block and tile to finish adds all in range order. `part` is the launch's first
 // matrix; row blocks continue into `second` and `third` (chosen by comparisons, not by
 // indexing an array, which would put the parts in memory).
-template <typename Activations>
-static __device__ __forceinline__ void mmt_q4_k_block(MatvecPart part, const MatvecPart second,
-                                                      const MatvecPart third,
-                                                      unsigned long long row_bytes, int cols,
-                                                      const Activations &x, int tokens,
-                                                      int ksplit, float *partials,
-                                                      unsigned *counters) {
-    __shared__ __align__(16) uint8_t stages[MMT_STAGES * Activations::STAGE_BYTES];
+template <typename Tile>
+static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPart second,
+                                                 const MatvecPart third,
+                                                 unsigned long long row_bytes, int cols,
+                                                 const Tile &x, int tokens, int ksplit,
+                                                 float *partials, unsigned *counters) {
+    __shared__ __align__(16) uint8_t stages[MMT_STAGES * Tile::STAGE_BYTES];
     __shared__ bool last;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int group = lane / 4, t = lane % 4;
@@ -325,31 +496,31 @@ static __device__ __forceinline__ void mmt_q4_k_block(MatvecPart part, const Mat
 #pragma unroll
     for (int i = 0; i < MMT_STAGES - 1; i++) {
         if (i < n) {
-            stage_q4_k_weights(stages + i * Activations::STAGE_BYTES, part.w, row0, rows,
-                               row_bytes, first + i);
+            Tile::stage_weights(stages + i * Tile::STAGE_BYTES, part.w, row0, rows, row_bytes,
+                                first + i);
         }
     }
     WAIT_FOR_PREVIOUS_KERNEL();
 #pragma unroll
     for (int i = 0; i < MMT_STAGES - 1; i++) {
         if (i < n) {
-            x.stage(stages + i * Activations::STAGE_BYTES, cols, t0, tokens, first + i);
+            x.stage(stages + i * Tile::STAGE_BYTES, cols, t0, tokens, first + i);
         }
         commit_copies();
     }
-    typename Activations::Sums sums;
+    typename Tile::Sums sums;
 #pragma unroll 1
     for (int i = 0; i < n; i++) {
         wait_copies<MMT_STAGES - 2>();
         __syncthreads();
         const int next = i + MMT_STAGES - 1;
         if (next < n) {
-            uint8_t *stage = stages + (next % MMT_STAGES) * Activations::STAGE_BYTES;
-            stage_q4_k_weights(stage, part.w, row0, rows, row_bytes, first + next);
+            uint8_t *stage = stages + (next % MMT_STAGES) * Tile::STAGE_BYTES;
+            Tile::stage_weights(stage, part.w, row0, rows, row_bytes, first + next);
             x.stage(stage, cols, t0, tokens, first + next);
         }
         commit_copies();
-        x.multiply(stages + (i % MMT_STAGES) * Activations::STAGE_BYTES, warp, group, t, sums);
+        x.multiply(stages + (i % MMT_STAGES) * Tile::STAGE_BYTES, warp, group, t, sums);
     }
     sums.finish();
     float acc[4] = {sums.total[0], sums.total[1], sums.total[2], sums.total[3]};
@@ -404,85 +575,52 @@ static __device__ __forceinline__ void mmt_q4_k_block(MatvecPart part, const Mat
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)
-    mmt_q4_k(const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,
-             int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,
-             const float *bias2, float *out2, unsigned long long row_bytes, int cols,
-             const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
-             const float *x_sums, int tokens, int ksplit, float *partials,
-             unsigned *counters) {
-    mmt_q4_k_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, {w2, rows2, bias2, out2},
-                   row_bytes, cols, Activations32{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit,
-                   partials, counters);
-}
-
 // The one-row kernel of the streamed matmul's bits, for decode steps and passes of two rows,
 // each activation row in turn. A warp takes one range of one row (MMT_ROW_WARPS rows per
 // block without ranges; with them, a block per row and a warp per range, the ranges being the
-// streamed matmul's for the same launch). Per turn, lane i takes sub-block i of four
-// super-blocks: its 32 quants (low or high nibbles of its chunk's 32 bytes), its 32
-// activations of each part, eight DP4A per part, and q4_k_sub_block_value; the warp's
-// butterfly (offsets 1 to 16) adds the turn's 32 values as TurnSums does, and the turns are
-// added in order. Ranges are added in order by the row's first warp, then the bias, as the
-// streamed matmul's last block adds them.
+// streamed matmul's for the same launch). Per turn, lane i takes sub-block i % 8 of super-block
+// i / 8 of the next four: `Format::sub_block_value`, its value from its quants and its 32
+// activations of each part; the warp's butterfly (offsets 1 to 16) adds the turn's 32 values
+// as TurnSums does, and the turns are added in order. Ranges are added in order by the row's
+// first warp, then the bias, as the streamed matmul's last block adds them.
 #define MMT_ROW_WARPS 4
 #define MMT_ROW_MAX_RANGES 16
 
-extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)
-    mmt_row_q4_k(const uint8_t *w0, int rows0, const float *bias0, float *out0,
-                 const uint8_t *w1, int rows1, const float *bias1, float *out1,
-                 const uint8_t *w2, int rows2, const float *bias2, float *out2,
-                 unsigned long long row_bytes, int cols, const signed char *x_hi,
-                 const signed char *x_lo, const float2 *x_scales, const float *x_sums,
-                 int tokens, int ksplit) {
+template <typename Format>
+static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart second,
+                                               const MatvecPart third,
+                                               unsigned long long row_bytes, int cols,
+                                               const signed char *x_hi, const signed char *x_lo,
+                                               const float2 *x_scales, const float *x_sums,
+                                               int tokens, int ksplit) {
     __shared__ float partials[MMT_ROW_MAX_RANGES];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int rows_per_block = ksplit == 1 ? MMT_ROW_WARPS : 1;
     const int range = ksplit == 1 ? 0 : warp;
     int row = blockIdx.x * rows_per_block + (ksplit == 1 ? warp : 0);
-    MatvecPart part = {w0, rows0, bias0, out0};
-    const bool has_row =
-        locate_row<3>(part, {w1, rows1, bias1, out1}, {w2, rows2, bias2, out2}, row);
+    const bool has_row = locate_row<3>(part, second, third, row);
     const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
     const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
     const uint8_t *w_row = has_row ? part.w + (size_t)row * row_bytes : nullptr;
     START_NEXT_KERNEL();
     if (has_row && first < last_blk) {
-        prefetch_l2(w_row, (unsigned long long)first * 144, (unsigned long long)last_blk * 144);
+        prefetch_l2(w_row, (unsigned long long)first * Format::BYTES,
+                    (unsigned long long)last_blk * Format::BYTES);
     }
     WAIT_FOR_PREVIOUS_KERNEL();
-    const unsigned groups = cols / SPAN, sub = lane % 8, chunk = sub / 2, shift = 4 * (sub % 2);
+    const unsigned groups = cols / SPAN, sub = lane % 8;
     for (int tok = 0; tok < tokens; tok++) {
         float acc = 0.0f;
         for (unsigned base = first; base < last_blk; base += 4) {
             const unsigned blk = base + lane / 8;
             float value = 0.0f;
             if (has_row && blk < last_blk) {
-                const uint8_t *b = w_row + (size_t)blk * 144;
-                const uint4 head = *(const uint4 *)b;
-                const unsigned q[3] = {head.y, head.z, head.w};
-                int sc, m;
-                scale_min_k4_words(q, sub, &sc, &m);
-                int wq[8], h[8], l[8];
-                load16(b + 16 + 32 * chunk, wq);
-                load16(b + 32 + 32 * chunk, wq + 4);
                 const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
-                load16((const uint8_t *)(x_hi + col), h);
-                load16((const uint8_t *)(x_hi + col + 16), h + 4);
-                load16((const uint8_t *)(x_lo + col), l);
-                load16((const uint8_t *)(x_lo + col + 16), l + 4);
-                int dot_hi = 0, dot_lo = 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int nibbles = (wq[i] >> shift) & 0x0F0F0F0F;
-                    dot_hi = DP4A(nibbles, h[i], dot_hi);
-                    dot_lo = DP4A(nibbles, l[i], dot_lo);
-                }
                 const size_t group = (size_t)tok * groups + 8 * blk + sub;
-                value = q4_k_sub_block_value(half_of(head.x, false), half_of(head.x, true), sc,
-                                             m, x_scales[group],
-                                             __fadd_rn(x_sums[2 * group], x_sums[2 * group + 1]),
-                                             dot_hi, dot_lo);
+                value = Format::sub_block_value(w_row + (size_t)blk * Format::BYTES, sub,
+                                                (const uint8_t *)(x_hi + col),
+                                                (const uint8_t *)(x_lo + col), x_scales[group],
+                                                x_sums + 2 * group);
             }
 #pragma unroll
             for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
@@ -509,5 +647,97 @@ extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)
         }
     }
 }
+
+// Sub-block `sub` of the Q4_K block at b times 32 activations of each part (hi, lo: 16-byte
+// aligned), their (d_hi, d_lo) and their sums of 16: its 32 quants (the low or high nibbles of
+// its chunk's 32 bytes), eight DP4A per part.
+struct Q4KRow {
+    static constexpr int BYTES = BlockQ4_K::BYTES;
+    static __device__ __forceinline__ float sub_block_value(const uint8_t *b, unsigned sub,
+                                                            const uint8_t *hi,
+                                                            const uint8_t *lo, float2 x,
+                                                            const float *sums) {
+        const unsigned chunk = sub / 2, shift = 4 * (sub % 2);
+        const uint4 head = *(const uint4 *)b;
+        const unsigned q[3] = {head.y, head.z, head.w};
+        int sc, m;
+        scale_min_k4_words(q, sub, &sc, &m);
+        int wq[8], h[8], l[8];
+        load16(b + 16 + 32 * chunk, wq);
+        load16(b + 32 + 32 * chunk, wq + 4);
+        load16(hi, h);
+        load16(hi + 16, h + 4);
+        load16(lo, l);
+        load16(lo + 16, l + 4);
+        int dot_hi = 0, dot_lo = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int nibbles = (wq[i] >> shift) & 0x0F0F0F0F;
+            dot_hi = DP4A(nibbles, h[i], dot_hi);
+            dot_lo = DP4A(nibbles, l[i], dot_lo);
+        }
+        return q4_k_sub_block_value(half_of(head.x, false), half_of(head.x, true), sc, m, x,
+                                    __fadd_rn(sums[0], sums[1]), dot_hi, dot_lo);
+    }
+};
+
+// Sub-block `sub` of the 2-byte aligned Q6_K block at b, as Q4KRow's: quarter sub % 4 of half
+// sub / 4, its 32 bytes of low nibbles and of high bit pairs, four DP4A per half and part.
+struct Q6KRow {
+    static constexpr int BYTES = BlockQ6_K::BYTES;
+    static __device__ __forceinline__ float sub_block_value(const uint8_t *b, unsigned sub,
+                                                            const uint8_t *hi,
+                                                            const uint8_t *lo, float2 x,
+                                                            const float *) {
+        const unsigned n = sub / 4, quarter = sub % 4;
+        int ql[8], qh[8], h[8], l[8];
+        load16_unaligned(b + 64 * n + 32 * (quarter % 2), ql);
+        load16_unaligned(b + 64 * n + 32 * (quarter % 2) + 16, ql + 4);
+        load16_unaligned(b + 128 + 32 * n, qh);
+        load16_unaligned(b + 128 + 32 * n + 16, qh + 4);
+        load16(hi, h);
+        load16(hi + 16, h + 4);
+        load16(lo, l);
+        load16(lo + 16, l + 4);
+        int dot_hi[2] = {0, 0}, dot_lo[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int quants = q6_k_quants((unsigned)ql[i], (unsigned)qh[i], quarter);
+            dot_hi[i / 4] = DP4A(quants, h[i], dot_hi[i / 4]);
+            dot_lo[i / 4] = DP4A(quants, l[i], dot_lo[i / 4]);
+        }
+        const unsigned short scales = *(const unsigned short *)(b + 192 + 8 * n + 2 * quarter);
+        const int sc_a = (signed char)(scales & 0xFF), sc_b = (signed char)(scales >> 8);
+        return q6_k_sub_block_value(load_f16(b + 208), x, sc_a * dot_hi[0] + sc_b * dot_hi[1],
+                                    sc_a * dot_lo[0] + sc_b * dot_lo[1]);
+    }
+};
+
+// The streamed matmul of a format (its tiles, as mmt_<name>, and its one-row kernel, as
+// mmt_row_<name>) over up to three matrices.
+#define MMT_INSTANCES(name, Tile, Row)                                                         \
+    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE) mmt_##name(             \
+        const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
+        int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
+        const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
+        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
+        const float *x_sums, int tokens, int ksplit, float *partials, unsigned *counters) {    \
+        mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                          \
+                  {w2, rows2, bias2, out2}, row_bytes, cols,                                   \
+                  Tile{{x_hi, x_lo, x_scales, x_sums}}, tokens, ksplit, partials, counters);   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                \
+        mmt_row_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,          \
+                       const uint8_t *w1, int rows1, const float *bias1, float *out1,          \
+                       const uint8_t *w2, int rows2, const float *bias2, float *out2,          \
+                       unsigned long long row_bytes, int cols, const signed char *x_hi,        \
+                       const signed char *x_lo, const float2 *x_scales, const float *x_sums,   \
+                       int tokens, int ksplit) {                                               \
+        mmt_row<Row>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                       \
+                     {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo, x_scales, x_sums,  \
+                     tokens, ksplit);                                                          \
+    }
+MMT_INSTANCES(q4_k, Q4KTile, Q4KRow)
+MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)
 
 #endif

@@ -130,8 +130,8 @@ pub struct KernelTuning {
     /// chips without a tensor-core kernel (HIP), where the backend's default goes unused.
     #[serde(default)]
     pub mmq_rows: Option<u32>,
-    /// Every pass of a Q4_K matrix runs through the streamed tensor-core matmul; absent (off)
-    /// on chips without it (HIP).
+    /// Every pass of a Q4_K or Q6_K matrix runs through the streamed tensor-core matmul; absent
+    /// (off) on chips without it (HIP).
     #[serde(default)]
     pub streamed_matmul: Option<bool>,
 }

@@ -473,8 +473,10 @@ const STREAMED_BOUND: f64 = 1e-5;
 fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
     // 1,536 columns in the rows of the 1.5B's q, k and v, launched together as the model does;
     // 8,960 (its down projection) in 41 rows, part of one row block, so that the launch cuts
-    // each row into ranges whose sums the last block adds.
+    // each row into ranges whose sums the last block adds. In both formats the kernel has
+    // (Q6_K's 210-byte blocks: rows of 1,260 and 7,350 bytes, at every 2-byte alignment).
     const SHAPES: [(usize, &[usize]); 2] = [(1536, &[1536, 256, 256]), (8960, &[41])];
+    const FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
     const VOCAB: usize = 64;
     let (streamed, matvec) = (tuned(STREAMED), tuned(TUNINGS[1]));
     #[cfg(feature = "cuda")]
@@ -484,7 +486,10 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
         streamed.describe()
     );
     let mut rng = Rng::seeded(13);
-    for (cols, parts) in SHAPES {
+    for (ty, (cols, parts)) in FORMATS
+        .into_iter()
+        .flat_map(|ty| SHAPES.map(|shape| (ty, shape)))
+    {
         let table: Vec<f32> = (0..VOCAB * cols)
             .map(|_| (rng.next_u64() % 2001) as f32 / 1000.0 - 1.0)
             .collect();
@@ -501,8 +506,8 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
                 .tensor(
                     format!("w{i}"),
                     &[cols as u64, rows as u64],
-                    GgmlType::Q4K,
-                    random_weights(GgmlType::Q4K, rows, cols, &mut rng),
+                    ty,
+                    random_weights(ty, rows, cols, &mut rng),
                 )
                 .tensor(
                     format!("b{i}"),
@@ -567,18 +572,18 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
                 for (i, &id) in ids.iter().enumerate() {
                     assert!(
                         together[p][i * rows..(i + 1) * rows] == alone[id as usize][p][..],
-                        "{cols} columns, part {p}, row {i} of {tokens}: not the bits of the row alone"
+                        "{ty:?}, {cols} columns, part {p}, row {i} of {tokens}: not the bits of the row alone"
                     );
                 }
                 worst = worst.max(relative_l2(&together[p], &reference[p]));
             }
         }
         println!(
-            "{cols} columns, parts of {parts:?} rows: each row the same bits in passes of 1 to 40 rows, relative L2 {worst:.2e} from the matvec"
+            "{ty:?}, {cols} columns, parts of {parts:?} rows: each row the same bits in passes of 1 to 40 rows, relative L2 {worst:.2e} from the matvec"
         );
         assert!(
             worst <= STREAMED_BOUND,
-            "{cols} columns: {worst:.2e} from the matvec"
+            "{ty:?}, {cols} columns: {worst:.2e} from the matvec"
         );
     }
 }

@@ -130,7 +130,7 @@ pub(crate) struct TuningArgs {
     ))]
     mmq_rows: Option<u32>,
     #[arg(long, value_name = "BOOL", help = format!(
-        "GPU only: every pass of a Q4_K matrix through the streamed tensor-core matmul \
+        "GPU only: every pass of a Q4_K or Q6_K matrix through the streamed tensor-core matmul \
          [default: the profile's `[kernels]`, else {}]",
         GpuTuning::DEFAULT.streamed_matmul,
     ))]

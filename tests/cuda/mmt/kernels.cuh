@@ -22,7 +22,7 @@ extern __shared__ __align__(16) uint8_t smem[];
 // and the float work is done once per super-block instead of once per sub-block.
 #define MMT4_STRIDE_SCALES 16
 #define MMT4_BSUMS_STRIDE 144
-#define MMT4_SCALES (MMT_X_LO + MMT_TOKENS * MMT_X_STRIDE)
+#define MMT4_SCALES (MMT_Q4_K_TILE + MMT_X_LO + MMT_TOKENS * MMT_X_STRIDE)
 #define MMT4_BSUMS (MMT4_SCALES + MMT_TOKENS * MMT4_STRIDE_SCALES)
 #define MMT4_STAGE_BYTES (MMT4_BSUMS + MMT_TOKENS * MMT4_BSUMS_STRIDE)
 #define MMT4_SMEM (MMT_STAGES * MMT4_STAGE_BYTES)
@@ -75,7 +75,8 @@ static __device__ __forceinline__ void stage_activations_256(uint8_t *stage,
     for (int p = threadIdx.x; p < MMT_TOKENS * 32; p += blockDim.x) {
         const int tok = p / 32, part = (p / 16) % 2, piece = p % 16;
         if (t0 + tok < tokens) {
-            copy16_async(stage + (part ? MMT_X_LO : MMT_X_HI) + tok * MMT_X_STRIDE + 16 * piece,
+            copy16_async(stage + MMT_Q4_K_TILE + (part ? MMT_X_LO : MMT_X_HI) +
+                             tok * MMT_X_STRIDE + 16 * piece,
                          (part ? x_lo : x_hi) + (size_t)(t0 + tok) * cols + 256 * blk +
                              16 * piece);
         }
@@ -159,6 +160,10 @@ struct Activations256 {
     const int2 *bsums;
     static constexpr int STAGE_BYTES = MMT4_STAGE_BYTES;
     using Sums = InOrderSums;
+    static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,
+                                         unsigned long long row_bytes, unsigned blk) {
+        stage_q4_k_weights(to, w, row0, rows, row_bytes, blk);
+    }
     __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
         stage_activations_256(to, hi, lo, scales, bsums, cols, t0, tokens, blk);
     }
@@ -173,10 +178,9 @@ extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)
               const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
               const int2 *x_bsums, int tokens, float *out, float *partials,
               unsigned *counters) {
-    mmt_q4_k_block({w, rows, nullptr, out}, {nullptr, 0, nullptr, nullptr},
-                   {nullptr, 0, nullptr, nullptr}, row_bytes, cols,
-                   Activations256{x_hi, x_lo, x_scales, x_bsums}, tokens, ksplit, partials,
-                   counters);
+    mmt_block({w, rows, nullptr, out}, {nullptr, 0, nullptr, nullptr},
+              {nullptr, 0, nullptr, nullptr}, row_bytes, cols,
+              Activations256{x_hi, x_lo, x_scales, x_bsums}, tokens, ksplit, partials, counters);
 }
 
 // mmt5: mmt4's products with the work cut evenly between a fixed grid of blocks (stream-K):

@@ -45,7 +45,7 @@ pub(crate) struct FormatKernels<F> {
     /// absent where the images have none (HIP, the float formats).
     pub(crate) mmq: Option<[F; 2]>,
     /// The streamed tensor-core matmul (`mmt.cu`), with its own order of additions; present for
-    /// Q4_K where the images have it (not HIP).
+    /// Q4_K and Q6_K where the images have it (not HIP).
     pub(crate) mmt: Option<Streamed<F>>,
     pub(crate) get_rows: F,
 }
