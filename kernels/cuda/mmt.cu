@@ -586,6 +586,92 @@ static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPa
 #define MMT_ROW_WARPS 4
 #define MMT_ROW_MAX_RANGES 16
 
+// Blocks per SM the paired kernel is compiled for (at most 64 registers a thread).
+#ifndef MMT_PAIR_BLOCKS
+#define MMT_PAIR_BLOCKS 8
+#endif
+
+// Rows of 4k + 2 super-blocks not cut into ranges, two per warp (mmt_pair_<format>, the host's
+// choice for launches of many such rows, whose last turn would leave half a warp idle): a
+// warp takes rows a and b, a's k turns as above, then one turn whose first half is a's last two
+// super-blocks and whose second half is b's first two, then k turns over b's super-blocks
+// 4j + 2 to 4j + 5. Each half is added by a butterfly over its 16 lanes, and b's turns are put
+// back together from the halves (the second half of one turn, the first of the next), so each
+// row adds the same values in the same order as a warp of its own.
+template <typename Format>
+static __device__ __forceinline__ void mmt_row_pair(
+    const MatvecPart &parts, const MatvecPart &second, const MatvecPart &third,
+    unsigned long long row_bytes, int cols, const signed char *x_hi, const signed char *x_lo,
+    const float2 *x_scales, const float *x_sums, int tokens) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    int row_a = (blockIdx.x * MMT_ROW_WARPS + warp) * 2, row_b = row_a + 1;
+    MatvecPart part_a = parts, part_b = parts;
+    const bool has_a = locate_row<3>(part_a, second, third, row_a);
+    const bool has_b = locate_row<3>(part_b, second, third, row_b);
+    const unsigned blocks = cols / 256, turns = blocks / 4;
+    const uint8_t *w_a = has_a ? part_a.w + (size_t)row_a * row_bytes : nullptr;
+    const uint8_t *w_b = has_b ? part_b.w + (size_t)row_b * row_bytes : nullptr;
+    START_NEXT_KERNEL();
+    if (has_a) {
+        prefetch_l2(w_a, 0, (unsigned long long)blocks * Format::BYTES);
+    }
+    if (has_b) {
+        prefetch_l2(w_b, 0, (unsigned long long)blocks * Format::BYTES);
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
+    const unsigned groups = cols / SPAN, sub = lane % 8;
+    // This lane's sub-block value in super-block blk of a row (0 where there is no row).
+    const auto value_of = [&](const uint8_t *w_row, bool has, unsigned blk, int tok) {
+        if (!has) {
+            return 0.0f;
+        }
+        const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
+        const size_t group = (size_t)tok * groups + 8 * blk + sub;
+        return Format::sub_block_value(w_row + (size_t)blk * Format::BYTES, sub,
+                                       (const uint8_t *)(x_hi + col),
+                                       (const uint8_t *)(x_lo + col), x_scales[group],
+                                       x_sums + 2 * group);
+    };
+    for (int tok = 0; tok < tokens; tok++) {
+        float acc_a = 0.0f;
+        for (unsigned base = 0; base < 4 * turns; base += 4) {
+            float value = value_of(w_a, has_a, base + lane / 8, tok);
+#pragma unroll
+            for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
+                value = __fadd_rn(value, SHFL_XOR(value, offset));
+            }
+            acc_a = __fadd_rn(acc_a, value);
+        }
+        const bool of_b = lane >= WARP_SIZE / 2;
+        float value = value_of(of_b ? w_b : w_a, of_b ? has_b : has_a,
+                               of_b ? lane / 8 - 2 : 4 * turns + lane / 8, tok);
+#pragma unroll
+        for (int offset = 1; offset < WARP_SIZE / 2; offset <<= 1) {
+            value = __fadd_rn(value, SHFL_XOR(value, offset));
+        }
+        acc_a = __fadd_rn(acc_a, __fadd_rn(SHFL(value, 0), 0.0f));
+        float first_half = SHFL(value, WARP_SIZE / 2), acc_b = 0.0f;
+        for (unsigned j = 0; j < turns; j++) {
+            value = value_of(w_b, has_b, 4 * j + 2 + lane / 8, tok);
+#pragma unroll
+            for (int offset = 1; offset < WARP_SIZE / 2; offset <<= 1) {
+                value = __fadd_rn(value, SHFL_XOR(value, offset));
+            }
+            acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, SHFL(value, 0)));
+            first_half = SHFL(value, WARP_SIZE / 2);
+        }
+        acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, 0.0f));
+        if (lane == 0 && has_a) {
+            part_a.out[(size_t)tok * part_a.rows + row_a] =
+                part_a.bias ? __fadd_rn(acc_a, part_a.bias[row_a]) : acc_a;
+        }
+        if (lane == 0 && has_b) {
+            part_b.out[(size_t)tok * part_b.rows + row_b] =
+                part_b.bias ? __fadd_rn(acc_b, part_b.bias[row_b]) : acc_b;
+        }
+    }
+}
+
 template <typename Format>
 static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart second,
                                                const MatvecPart third,
@@ -713,8 +799,9 @@ struct Q6KRow {
     }
 };
 
-// The streamed matmul of a format (its tiles, as mmt_<name>, and its one-row kernel, as
-// mmt_row_<name>) over up to three matrices.
+// The streamed matmul of a format (its tiles, as mmt_<name>, its one-row kernel, as
+// mmt_row_<name>, and that kernel with rows two per warp, as mmt_pair_<name>) over up to three
+// matrices.
 #define MMT_INSTANCES(name, Tile, Row)                                                         \
     extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE) mmt_##name(             \
         const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
@@ -736,6 +823,17 @@ struct Q6KRow {
         mmt_row<Row>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                       \
                      {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo, x_scales, x_sums,  \
                      tokens, ksplit);                                                          \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE, MMT_PAIR_BLOCKS)     \
+        mmt_pair_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,         \
+                        const uint8_t *w1, int rows1, const float *bias1, float *out1,         \
+                        const uint8_t *w2, int rows2, const float *bias2, float *out2,         \
+                        unsigned long long row_bytes, int cols, const signed char *x_hi,       \
+                        const signed char *x_lo, const float2 *x_scales, const float *x_sums,  \
+                        int tokens) {                                                          \
+        mmt_row_pair<Row>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                  \
+                          {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo, x_scales,     \
+                          x_sums, tokens);                                                     \
     }
 MMT_INSTANCES(q4_k, Q4KTile, Q4KRow)
 MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)

@@ -474,10 +474,15 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
     // 1,536 columns in the rows of the 1.5B's q, k and v, launched together as the model does,
     // cut into ranges of two super-blocks; 8,960 (its down projection) in 41 rows, part of one
     // row block, cut into ranges of three, whose sums the last block adds; 1,536 in 5,000 rows,
-    // not cut. In both formats the kernel has (Q6_K's 210-byte blocks: rows of 1,260 and 7,350
-    // bytes, at every 2-byte alignment).
-    const SHAPES: [(usize, &[usize]); 3] =
-        [(1536, &[1536, 256, 256]), (8960, &[41]), (1536, &[5000])];
+    // not cut; and in 8,960 rows as two matrices, not cut, which the one-row kernel takes two
+    // per warp (the 1.5B's gate and up). In both formats the kernel has (Q6_K's 210-byte
+    // blocks: rows of 1,260 and 7,350 bytes, at every 2-byte alignment).
+    const SHAPES: [(usize, &[usize]); 4] = [
+        (1536, &[1536, 256, 256]),
+        (8960, &[41]),
+        (1536, &[5000]),
+        (1536, &[4480, 4480]),
+    ];
     const FORMATS: [GgmlType; 2] = [GgmlType::Q4K, GgmlType::Q6K];
     const VOCAB: usize = 64;
     let (streamed, matvec) = (tuned(STREAMED), tuned(TUNINGS[1]));

@@ -56,6 +56,9 @@ pub(crate) struct Streamed<F> {
     pub(crate) tiles: F,
     /// One activation row (a decode step) through warp reductions (`mmt_row_<format>`).
     pub(crate) row: F,
+    /// The same with rows two per warp (`mmt_pair_<format>`), for launches of many rows of
+    /// 4k + 2 super-blocks.
+    pub(crate) pair: F,
 }
 
 /// The name of the attention kernel for heads of `head_dim` dimensions.
@@ -95,10 +98,10 @@ impl<F> Kernels<F> {
                     MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok()),
                 );
                 let mmt = every(
-                    ["mmt", "mmt_row"]
+                    ["mmt", "mmt_row", "mmt_pair"]
                         .map(|instance| function("mmt", &format!("{instance}_{suffix}")).ok()),
                 )
-                .map(|[tiles, row]| Streamed { tiles, row });
+                .map(|[tiles, row, pair]| Streamed { tiles, row, pair });
                 Some((
                     ty,
                     Arc::new(FormatKernels {

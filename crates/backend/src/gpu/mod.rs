@@ -261,6 +261,11 @@ impl<R: Runtime> GpuBackend<R> {
                         &streamed.row,
                         MMT_MAX_SPLIT as u32,
                     ),
+                    (
+                        format!("mmt_pair_{format}"),
+                        &streamed.pair,
+                        MMT_ROW_WARPS as u32,
+                    ),
                 ]
             }));
         for (name, kernel, needed) in fixed {
@@ -595,8 +600,8 @@ impl<R: Runtime> GpuBackend<R> {
     /// On the tensor cores (`Streamed`): a block per [`MMT_WEIGHT_ROWS`] weight rows of them
     /// all, range of super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`]
     /// activation rows. A few activation rows (`StreamedRow`): a warp per range of a weight row,
-    /// [`MMT_ROW_WARPS`] rows per block without ranges, a block per row with them, each
-    /// activation row in turn.
+    /// [`MMT_ROW_WARPS`] rows per block without ranges (two rows per warp where
+    /// [`streamed_pairs`] says), a block per row with them, each activation row in turn.
     fn streamed_matmul(
         &self,
         mmt: &R::Function,
@@ -624,6 +629,19 @@ impl<R: Runtime> GpuBackend<R> {
         let mut args = parts_args(parts);
         args.extend([(row_bytes as u64).into(), int(cols)]);
         args.extend(activations);
+        if launch == MatvecLaunch::StreamedRow
+            && streamed_pairs(cols / MMT_SUPERBLOCK, ksplit, weight_rows)
+        {
+            let pair = &parts[0]
+                .matrix
+                .format
+                .mmt
+                .as_ref()
+                .expect("a streamed launch's format has the streamed kernels")
+                .pair;
+            let grid = weight_rows.div_ceil(2 * MMT_ROW_WARPS) as u32;
+            return self.launch("matmul", pair, grid, MMT_ROW_WARPS as u32 * LANES, &args);
+        }
         args.push(int(ksplit));
         if launch == MatvecLaunch::StreamedRow {
             let (grid, warps) = if ksplit == 1 {
@@ -1582,6 +1600,15 @@ fn matvec_pairs(cols: usize, weight_rows: usize) -> bool {
     spans <= MATVEC_SPLIT_SPANS
         && spans % LANES as usize == LANES as usize / 2
         && weight_rows >= MATVEC_PAIRS_MIN_ROWS
+}
+
+/// Whether the streamed matmul's one-row kernel takes `weight_rows` rows of `superblocks`
+/// super-blocks, cut into `ksplit` ranges, two per warp (`mmt_pair_<format>`): rows not cut,
+/// of 4k + 2 super-blocks, whose last turn leaves half of a warp's lanes idle, in launches of
+/// at least [`MATVEC_PAIRS_MIN_ROWS`], as the matvec pairs its rows. Either way a row gets the
+/// same bits.
+fn streamed_pairs(superblocks: usize, ksplit: usize, weight_rows: usize) -> bool {
+    ksplit == 1 && superblocks % 4 == 2 && weight_rows >= MATVEC_PAIRS_MIN_ROWS
 }
 
 /// Blocks for a grid-stride loop over `n` elements.
