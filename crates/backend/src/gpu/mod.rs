@@ -1675,4 +1675,22 @@ mod tests {
         assert_eq!(streamed_split(24, 35, 132), 8);
         assert_eq!(streamed_split(280, 6, 132), 1);
     }
+
+    #[test]
+    fn only_many_uncut_rows_of_4k_plus_2_super_blocks_take_the_paired_one_row_kernel() {
+        // The 1.5B on the H200: gate and up (17,920 rows of 6 super-blocks, not cut) and the
+        // output (151,936 rows) are paired; q, k and v (cut into four ranges) and down (35
+        // super-blocks, eight ranges) are not.
+        let ksplit = |rows: usize, superblocks| {
+            streamed_split(rows.div_ceil(MMT_WEIGHT_ROWS), superblocks, 132)
+        };
+        assert!(streamed_pairs(6, ksplit(17920, 6), 17920));
+        assert!(streamed_pairs(6, ksplit(151_936, 6), 151_936));
+        assert!(!streamed_pairs(6, ksplit(2048, 6), 2048));
+        assert!(!streamed_pairs(35, ksplit(1536, 35), 1536));
+        // Not cut, but too few rows; whole turns; a turn and a quarter.
+        assert!(!streamed_pairs(6, 1, MATVEC_PAIRS_MIN_ROWS - 1));
+        assert!(!streamed_pairs(8, 1, 17920));
+        assert!(!streamed_pairs(5, 1, 17920));
+    }
 }
