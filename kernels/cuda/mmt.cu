@@ -413,47 +413,36 @@ static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int
     }
 }
 
-// The backend's activations (groups of 32), staged after a format's weight rows, which take
-// `WEIGHT_BYTES`: how a stage holds them. The block below takes tiles of a format on such
-// activations (Q4KTile, Q6KTile) or others (tests/cuda/mmt measures some): how a stage holds
-// weights and activations, how a staged super-block is multiplied, and how a lane's
-// super-block values are added.
-template <int WEIGHT_BYTES> struct Activations32 {
+// A tile of a format on the backend's activations (groups of 32), which a stage holds after
+// the format's weight rows (`WEIGHT_BYTES`): how a stage holds both, how a staged super-block
+// is multiplied (`superblock`), and how a lane's super-block values are added. The block below
+// takes it or any other such policy (tests/cuda/mmt measures others).
+template <int WEIGHT_BYTES,
+          void (*stage_rows)(uint8_t *, const uint8_t *, int, int, unsigned long long, unsigned),
+          void (*superblock)(const uint8_t *, int, int, int, float[4])>
+struct Tile32 {
     const signed char *hi, *lo;
     const float2 *scales;
     const float *sums;
     static constexpr int STAGE_BYTES = WEIGHT_BYTES + MMT_TILE_BYTES;
     using Sums = TurnSums;
+    static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,
+                                         unsigned long long row_bytes, unsigned blk) {
+        stage_rows(to, w, row0, rows, row_bytes, blk);
+    }
     __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
         stage_activations(to + WEIGHT_BYTES, hi, lo, scales, sums, cols, t0, tokens, blk);
     }
-};
-
-struct Q4KTile : Activations32<MMT_Q4_K_TILE> {
-    static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,
-                                         unsigned long long row_bytes, unsigned blk) {
-        stage_q4_k_weights(to, w, row0, rows, row_bytes, blk);
-    }
     __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
                              Sums &into) const {
         float value[4];
-        q4_k_superblock(stage, warp, group, t, value);
+        superblock(stage, warp, group, t, value);
         into.add(value);
     }
 };
 
-struct Q6KTile : Activations32<MMT_Q6_K_TILE> {
-    static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,
-                                         unsigned long long row_bytes, unsigned blk) {
-        stage_q6_k_weights(to, w, row0, rows, row_bytes, blk);
-    }
-    __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
-                             Sums &into) const {
-        float value[4];
-        q6_k_superblock(stage, warp, group, t, value);
-        into.add(value);
-    }
-};
+using Q4KTile = Tile32<MMT_Q4_K_TILE, stage_q4_k_weights, q4_k_superblock>;
+using Q6KTile = Tile32<MMT_Q6_K_TILE, stage_q6_k_weights, q6_k_superblock>;
 
 // The row blocks of a part of `rows` rows.
 static __device__ __forceinline__ int row_blocks_of(int rows) {
@@ -811,7 +800,7 @@ struct Q6KRow {
         const float *x_sums, int tokens, int ksplit, float *partials, unsigned *counters) {    \
         mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                          \
                   {w2, rows2, bias2, out2}, row_bytes, cols,                                   \
-                  Tile{{x_hi, x_lo, x_scales, x_sums}}, tokens, ksplit, partials, counters);   \
+                  Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials, counters);     \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                \
         mmt_row_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,          \
