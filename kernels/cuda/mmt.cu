@@ -575,6 +575,88 @@ static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPa
 #define MMT_ROW_WARPS 4
 #define MMT_ROW_MAX_RANGES 16
 
+// The sum of `value` over each group of WIDTH lanes (a power of two), in every lane of the
+// group: the butterfly whose order TurnSums follows.
+template <int WIDTH> static __device__ __forceinline__ float butterfly_sum(float value) {
+#pragma unroll
+    for (int offset = 1; offset < WIDTH; offset <<= 1) {
+        value = __fadd_rn(value, SHFL_XOR(value, offset));
+    }
+    return value;
+}
+
+// Sub-block `sub` of super-block blk of a row's weights at w_row times activation row tok.
+template <typename Format>
+static __device__ __forceinline__ float row_sub_block_value(
+    const uint8_t *w_row, unsigned blk, unsigned sub, int tok, int cols,
+    const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
+    const float *x_sums) {
+    const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
+    const size_t group = (size_t)tok * (cols / SPAN) + 8 * blk + sub;
+    return Format::sub_block_value(w_row + (size_t)blk * Format::BYTES, sub,
+                                   (const uint8_t *)(x_hi + col), (const uint8_t *)(x_lo + col),
+                                   x_scales[group], x_sums + 2 * group);
+}
+
+// Row `row` of `part` for activation row tok: its sum, then the bias.
+static __device__ __forceinline__ void write_row_sum(const MatvecPart &part, int row, int tok,
+                                                     float sum) {
+    part.out[(size_t)tok * part.rows + row] = part.bias ? __fadd_rn(sum, part.bias[row]) : sum;
+}
+
+template <typename Format>
+static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart second,
+                                               const MatvecPart third,
+                                               unsigned long long row_bytes, int cols,
+                                               const signed char *x_hi, const signed char *x_lo,
+                                               const float2 *x_scales, const float *x_sums,
+                                               int tokens, int ksplit) {
+    __shared__ float partials[MMT_ROW_MAX_RANGES];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int rows_per_block = ksplit == 1 ? MMT_ROW_WARPS : 1;
+    const int range = ksplit == 1 ? 0 : warp;
+    int row = blockIdx.x * rows_per_block + (ksplit == 1 ? warp : 0);
+    const bool has_row = locate_row<3>(part, second, third, row);
+    const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
+    const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
+    const uint8_t *w_row = has_row ? part.w + (size_t)row * row_bytes : nullptr;
+    START_NEXT_KERNEL();
+    if (has_row && first < last_blk) {
+        prefetch_l2(w_row, (unsigned long long)first * Format::BYTES,
+                    (unsigned long long)last_blk * Format::BYTES);
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
+    const unsigned sub = lane % 8;
+    for (int tok = 0; tok < tokens; tok++) {
+        float acc = 0.0f;
+        for (unsigned base = first; base < last_blk; base += 4) {
+            const unsigned blk = base + lane / 8;
+            float value = 0.0f;
+            if (has_row && blk < last_blk) {
+                value = row_sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo,
+                                                    x_scales, x_sums);
+            }
+            acc = __fadd_rn(acc, butterfly_sum<WARP_SIZE>(value));
+        }
+        if (ksplit > 1) {
+            if (lane == 0) {
+                partials[range] = acc;
+            }
+            __syncthreads();
+            if (warp == 0) {
+                acc = 0.0f;
+                for (int r = 0; r < ksplit; r++) {
+                    acc = __fadd_rn(acc, partials[r]);
+                }
+            }
+            __syncthreads();
+        }
+        if (has_row && range == 0 && lane == 0) {
+            write_row_sum(part, row, tok, acc);
+        }
+    }
+}
+
 // Blocks per SM the paired kernel is compiled for (at most 64 registers a thread).
 #ifndef MMT_PAIR_BLOCKS
 #define MMT_PAIR_BLOCKS 8
@@ -608,117 +690,36 @@ static __device__ __forceinline__ void mmt_row_pair(
         prefetch_l2(w_b, 0, (unsigned long long)blocks * Format::BYTES);
     }
     WAIT_FOR_PREVIOUS_KERNEL();
-    const unsigned groups = cols / SPAN, sub = lane % 8;
+    const unsigned sub = lane % 8;
     // This lane's sub-block value in super-block blk of a row (0 where there is no row).
     const auto value_of = [&](const uint8_t *w_row, bool has, unsigned blk, int tok) {
-        if (!has) {
-            return 0.0f;
-        }
-        const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
-        const size_t group = (size_t)tok * groups + 8 * blk + sub;
-        return Format::sub_block_value(w_row + (size_t)blk * Format::BYTES, sub,
-                                       (const uint8_t *)(x_hi + col),
-                                       (const uint8_t *)(x_lo + col), x_scales[group],
-                                       x_sums + 2 * group);
+        return has ? row_sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo,
+                                                 x_scales, x_sums)
+                   : 0.0f;
     };
     for (int tok = 0; tok < tokens; tok++) {
         float acc_a = 0.0f;
         for (unsigned base = 0; base < 4 * turns; base += 4) {
-            float value = value_of(w_a, has_a, base + lane / 8, tok);
-#pragma unroll
-            for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
-                value = __fadd_rn(value, SHFL_XOR(value, offset));
-            }
-            acc_a = __fadd_rn(acc_a, value);
+            acc_a = __fadd_rn(acc_a,
+                              butterfly_sum<WARP_SIZE>(value_of(w_a, has_a, base + lane / 8, tok)));
         }
         const bool of_b = lane >= WARP_SIZE / 2;
-        float value = value_of(of_b ? w_b : w_a, of_b ? has_b : has_a,
-                               of_b ? lane / 8 - 2 : 4 * turns + lane / 8, tok);
-#pragma unroll
-        for (int offset = 1; offset < WARP_SIZE / 2; offset <<= 1) {
-            value = __fadd_rn(value, SHFL_XOR(value, offset));
-        }
-        acc_a = __fadd_rn(acc_a, __fadd_rn(SHFL(value, 0), 0.0f));
-        float first_half = SHFL(value, WARP_SIZE / 2), acc_b = 0.0f;
+        float halves = butterfly_sum<WARP_SIZE / 2>(value_of(
+            of_b ? w_b : w_a, of_b ? has_b : has_a, of_b ? lane / 8 - 2 : 4 * turns + lane / 8,
+            tok));
+        acc_a = __fadd_rn(acc_a, __fadd_rn(SHFL(halves, 0), 0.0f));
+        float first_half = SHFL(halves, WARP_SIZE / 2), acc_b = 0.0f;
         for (unsigned j = 0; j < turns; j++) {
-            value = value_of(w_b, has_b, 4 * j + 2 + lane / 8, tok);
-#pragma unroll
-            for (int offset = 1; offset < WARP_SIZE / 2; offset <<= 1) {
-                value = __fadd_rn(value, SHFL_XOR(value, offset));
-            }
-            acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, SHFL(value, 0)));
-            first_half = SHFL(value, WARP_SIZE / 2);
+            halves = butterfly_sum<WARP_SIZE / 2>(value_of(w_b, has_b, 4 * j + 2 + lane / 8, tok));
+            acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, SHFL(halves, 0)));
+            first_half = SHFL(halves, WARP_SIZE / 2);
         }
         acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, 0.0f));
         if (lane == 0 && has_a) {
-            part_a.out[(size_t)tok * part_a.rows + row_a] =
-                part_a.bias ? __fadd_rn(acc_a, part_a.bias[row_a]) : acc_a;
+            write_row_sum(part_a, row_a, tok, acc_a);
         }
         if (lane == 0 && has_b) {
-            part_b.out[(size_t)tok * part_b.rows + row_b] =
-                part_b.bias ? __fadd_rn(acc_b, part_b.bias[row_b]) : acc_b;
-        }
-    }
-}
-
-template <typename Format>
-static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart second,
-                                               const MatvecPart third,
-                                               unsigned long long row_bytes, int cols,
-                                               const signed char *x_hi, const signed char *x_lo,
-                                               const float2 *x_scales, const float *x_sums,
-                                               int tokens, int ksplit) {
-    __shared__ float partials[MMT_ROW_MAX_RANGES];
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int rows_per_block = ksplit == 1 ? MMT_ROW_WARPS : 1;
-    const int range = ksplit == 1 ? 0 : warp;
-    int row = blockIdx.x * rows_per_block + (ksplit == 1 ? warp : 0);
-    const bool has_row = locate_row<3>(part, second, third, row);
-    const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
-    const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
-    const uint8_t *w_row = has_row ? part.w + (size_t)row * row_bytes : nullptr;
-    START_NEXT_KERNEL();
-    if (has_row && first < last_blk) {
-        prefetch_l2(w_row, (unsigned long long)first * Format::BYTES,
-                    (unsigned long long)last_blk * Format::BYTES);
-    }
-    WAIT_FOR_PREVIOUS_KERNEL();
-    const unsigned groups = cols / SPAN, sub = lane % 8;
-    for (int tok = 0; tok < tokens; tok++) {
-        float acc = 0.0f;
-        for (unsigned base = first; base < last_blk; base += 4) {
-            const unsigned blk = base + lane / 8;
-            float value = 0.0f;
-            if (has_row && blk < last_blk) {
-                const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
-                const size_t group = (size_t)tok * groups + 8 * blk + sub;
-                value = Format::sub_block_value(w_row + (size_t)blk * Format::BYTES, sub,
-                                                (const uint8_t *)(x_hi + col),
-                                                (const uint8_t *)(x_lo + col), x_scales[group],
-                                                x_sums + 2 * group);
-            }
-#pragma unroll
-            for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
-                value = __fadd_rn(value, SHFL_XOR(value, offset));
-            }
-            acc = __fadd_rn(acc, value);
-        }
-        if (ksplit > 1) {
-            if (lane == 0) {
-                partials[range] = acc;
-            }
-            __syncthreads();
-            if (warp == 0) {
-                acc = 0.0f;
-                for (int r = 0; r < ksplit; r++) {
-                    acc = __fadd_rn(acc, partials[r]);
-                }
-            }
-            __syncthreads();
-        }
-        if (has_row && range == 0 && lane == 0) {
-            part.out[(size_t)tok * part.rows + row] =
-                part.bias ? __fadd_rn(acc, part.bias[row]) : acc;
+            write_row_sum(part_b, row_b, tok, acc_b);
         }
     }
 }
