@@ -13,6 +13,9 @@
 // HIP's shuffles take no lane mask: every lane of the wave takes part.
 #define SHFL_XOR(v, offset) __shfl_xor((v), (offset), 32)
 #define SHFL(v, lane) __shfl((v), (lane), 32)
+#define SHFL_UP(v, delta) __shfl_up((v), (delta), 32)
+// The lanes whose predicate holds, as a 32-bit mask (a 32-wide wave's half of HIP's 64 bits).
+#define BALLOT(predicate) ((unsigned)__ballot(predicate))
 // The sum of the four signed byte products of a and b, plus c (RDNA3 and RDNA4 have it as
 // v_dot4_i32_iu8).
 #define DP4A(a, b, c) __builtin_amdgcn_sudot4(true, (a), true, (b), (c), false)
@@ -20,6 +23,8 @@
 #include <cuda_fp16.h>
 #define SHFL_XOR(v, offset) __shfl_xor_sync(0xffffffffu, (v), (offset))
 #define SHFL(v, lane) __shfl_sync(0xffffffffu, (v), (lane))
+#define SHFL_UP(v, delta) __shfl_up_sync(0xffffffffu, (v), (delta))
+#define BALLOT(predicate) __ballot_sync(0xffffffffu, (predicate))
 #define DP4A(a, b, c) __dp4a((a), (b), (c))
 #endif
 

@@ -5,6 +5,33 @@ use lucebox_quant::ActivationPrecision;
 
 use crate::{Error, RaggedBatch};
 
+/// How one logits row becomes a token where the logits are ([`Backend::sample_rows`]): the
+/// transforms of the engine's sampler, in its order (penalties, temperature, top-k, top-p,
+/// min-p), then a draw with `uniform` that walks the surviving tokens in id order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowSampling {
+    /// The logits row.
+    pub row: usize,
+    /// Softmax temperature; 0 takes the most likely token after the penalties.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the most likely tokens whose probabilities reach `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one.
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of the penalised tokens.
+    pub repetition_penalty: f32,
+    /// Subtracted from the logits of the penalised tokens.
+    pub presence_penalty: f32,
+    /// Subtracted, times its count, from each penalised token's logit.
+    pub frequency_penalty: f32,
+    /// This row's `(token, count)` pairs in the call's list: distinct tokens.
+    pub penalised: std::ops::Range<usize>,
+    /// A uniform number in [0, 1) for the draw (unused when greedy).
+    pub uniform: f64,
+}
+
 /// The index of the largest value: the first one on ties, and NaN never wins (0 for a row of
 /// NaNs). Every backend's [`Backend::argmax_rows`] gives exactly this, so that greedy decoding
 /// picks the same token whether it runs on the device or on the host.
@@ -382,6 +409,28 @@ pub trait Backend: Send + Sync + 'static {
     fn read_rows(&self, x: &Self::Activations, rows: usize, out: &mut [f32]) -> Result<(), Error>;
     /// The [`argmax`] of each of `out.len()` rows.
     fn argmax_rows(&self, x: &Self::Activations, out: &mut [u32]) -> Result<(), Error>;
+
+    /// Whether [`sample_rows`](Backend::sample_rows) draws tokens where the logits are. Where
+    /// it does not, callers copy the rows to the host ([`read_rows`](Backend::read_rows)) and
+    /// sample there.
+    fn samples_rows(&self) -> bool {
+        false
+    }
+    /// Draws the token of each of `rows` from its logits row of `x` into `out` (one per entry
+    /// of `rows`), the penalised tokens' pairs being `penalised[rows[i].penalised]`; the rows
+    /// are left penalised. `None` where the row's surviving tokens are too many for the
+    /// device's sampler: the caller samples that row itself. Backends whose
+    /// [`samples_rows`](Backend::samples_rows) is false return [`Error::NotSupported`].
+    fn sample_rows(
+        &self,
+        x: &mut Self::Activations,
+        rows: &[RowSampling],
+        penalised: &[(u32, u32)],
+        out: &mut [Option<u32>],
+    ) -> Result<(), Error> {
+        let _ = (x, rows, penalised, out);
+        Err(Error::NotSupported { op: "sample_rows" })
+    }
 }
 
 #[cfg(test)]

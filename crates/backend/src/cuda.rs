@@ -65,6 +65,7 @@ unsafe impl Send for CudaGraphExec {}
 impl Runtime for Cuda {
     const NAME: &'static str = "cuda";
     const GRAPHS_VAR: &'static str = "LUCEBOX_CUDA_GRAPHS";
+    const SAMPLING_VAR: &'static str = "LUCEBOX_CUDA_SAMPLING";
     type Buffer = CudaSlice<u8>;
     type Function = CudaFunction;
     type Graph = CudaGraphExec;

@@ -63,4 +63,11 @@ pub enum Error {
         /// Why, and what to do about it.
         reason: String,
     },
+    /// An optional operation this backend does not do; callers ask first (such as
+    /// [`Backend::samples_rows`](crate::Backend::samples_rows)).
+    #[error("{op} is not done by this backend")]
+    NotSupported {
+        /// The operation.
+        op: &'static str,
+    },
 }

@@ -211,6 +211,7 @@ impl Drop for HipGraph {
 impl Runtime for Hip {
     const NAME: &'static str = "hip";
     const GRAPHS_VAR: &'static str = "LUCEBOX_HIP_GRAPHS";
+    const SAMPLING_VAR: &'static str = "LUCEBOX_HIP_SAMPLING";
     type Buffer = HipBuffer;
     type Function = HipFunction;
     type Graph = HipGraph;

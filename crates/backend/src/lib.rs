@@ -31,7 +31,7 @@ mod tuning;
 
 pub use backend::{
     AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Projection, Rope, RopeStyle,
-    argmax,
+    RowSampling, argmax,
 };
 pub use batch::RaggedBatch;
 pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};

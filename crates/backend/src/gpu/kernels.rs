@@ -21,6 +21,7 @@ pub(crate) struct Kernels<F> {
     pub(crate) add: F,
     pub(crate) gather_rows: F,
     pub(crate) argmax_rows: F,
+    pub(crate) sample_rows: F,
     pub(crate) quantize_q8: F,
 }
 
@@ -132,6 +133,7 @@ impl<F> Kernels<F> {
             add: function("elementwise", "add")?,
             gather_rows: function("elementwise", "gather_rows")?,
             argmax_rows: function("argmax", "argmax_rows")?,
+            sample_rows: function("sample", "sample_rows")?,
             quantize_q8: function("quantize", "quantize_q8")?,
         })
     }

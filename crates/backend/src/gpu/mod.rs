@@ -8,6 +8,7 @@
 
 mod kernels;
 mod runtime;
+mod sample;
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -129,6 +130,10 @@ pub struct GpuBackend<R: Runtime> {
     tuning: GpuTuning,
     /// The device-side result of [`Backend::argmax_rows`], grown to the most rows asked for.
     argmax: Mutex<Option<Buffer<R, u32>>>,
+    /// Whether tokens are drawn on the device ([`Backend::samples_rows`]; `R::SAMPLING_VAR=0`
+    /// leaves them to the host), and its buffers.
+    samples_rows: bool,
+    sampling: Mutex<sample::SampleBuffers<R>>,
     /// Whether the launches being issued may overlap the kernel before them: set by `run_pass`
     /// for the pass it runs ([`OVERLAP_MAX_TOKENS`]), off outside passes.
     overlap: AtomicBool,
@@ -300,6 +305,7 @@ impl<R: Runtime> GpuBackend<R> {
             )));
         }
         let graphs = std::env::var_os(R::GRAPHS_VAR).is_none_or(|v| v != "0");
+        let samples_rows = std::env::var_os(R::SAMPLING_VAR).is_none_or(|v| v != "0");
         Ok(Self {
             runtime,
             kernels,
@@ -309,6 +315,8 @@ impl<R: Runtime> GpuBackend<R> {
             graphs,
             tuning,
             argmax: Mutex::new(None),
+            samples_rows,
+            sampling: Mutex::new(sample::SampleBuffers::new()),
             overlap: AtomicBool::new(false),
             passes_recorded: AtomicU64::new(0),
         })
@@ -1504,6 +1512,20 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             &[x.data.arg(), int(x.cols), best.arg()],
         )?;
         self.download("argmax_rows", best, out)
+    }
+
+    fn samples_rows(&self) -> bool {
+        self.samples_rows
+    }
+
+    fn sample_rows(
+        &self,
+        x: &mut GpuActivations<R>,
+        rows: &[crate::RowSampling],
+        penalised: &[(u32, u32)],
+        out: &mut [Option<u32>],
+    ) -> Result<(), Error> {
+        self.sample_on_device(x, rows, penalised, out)
     }
 }
 

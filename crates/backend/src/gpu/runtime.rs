@@ -13,6 +13,9 @@ pub trait Runtime: Send + Sync + Sized + sealed::Sealed + 'static {
     const NAME: &'static str;
     /// The environment variable that turns graph recording off when set to `0`.
     const GRAPHS_VAR: &'static str;
+    /// The environment variable that, set to `0`, leaves sampling to the host (the logits
+    /// copied back), to compare.
+    const SAMPLING_VAR: &'static str;
     /// Device memory, freed when dropped.
     type Buffer: Send + Sync;
     /// A loaded kernel.
