@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch, RowSampling};
 use lucebox_model::{Model, Workspace};
 
 use crate::speculative::{
@@ -185,6 +185,21 @@ struct Planned {
     scored: bool,
     /// For a speculating sequence: the draft length asked for and how long drafting took.
     drafting: Option<(usize, DraftTiming)>,
+    /// Where a scored entry's token comes from, decided once the pass has run.
+    pick: Pick,
+}
+
+/// Where a scored sequence's next token is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pick {
+    /// The device's argmax of its rows (plain greedy).
+    Argmax,
+    /// The device's sampler ([`Backend::sample_rows`]).
+    Device,
+    /// The host's sampler, on the rows read back.
+    Host,
+    /// The host's sampler, on a row the device's sampler penalised and left to the host.
+    HostPenalised,
 }
 
 /// The drafter and its scratch.
@@ -221,6 +236,12 @@ pub struct Batcher<B: Backend> {
     /// One row as the model gave it, for log-probabilities after sampling transformed it.
     raw_row: Vec<f32>,
     picks: Vec<u32>,
+    /// The rows sampled on the device this step: their requests, penalised tokens, plan
+    /// entries and tokens.
+    device_rows: Vec<RowSampling>,
+    penalised: Vec<(u32, u32)>,
+    device_entries: Vec<usize>,
+    device_picks: Vec<Option<u32>>,
     running: Vec<Sequence>,
     waiting: VecDeque<Sequence>,
     plan: Vec<Planned>,
@@ -302,6 +323,10 @@ impl<B: Backend> Batcher<B> {
             logits: vec![0.0; vocab * logits_rows],
             raw_row: Vec::new(),
             picks: vec![0; logits_rows],
+            device_rows: Vec::with_capacity(logits_rows),
+            penalised: Vec::new(),
+            device_entries: Vec::with_capacity(logits_rows),
+            device_picks: Vec::with_capacity(logits_rows),
             running: Vec::with_capacity(config.max_sequences),
             waiting: VecDeque::new(),
             plan: Vec::with_capacity(config.max_sequences),
@@ -371,6 +396,7 @@ impl<B: Backend> Batcher<B> {
                 count,
                 scored: start + count >= seq.tokens.len(),
                 drafting: None,
+                pick: Pick::Host,
             });
             index += 1;
         }
@@ -509,6 +535,7 @@ impl<B: Backend> Batcher<B> {
                 count,
                 scored: count == seq.unfed(),
                 drafting: None,
+                pick: Pick::Host,
             });
             self.running.push(seq);
         }
@@ -539,21 +566,66 @@ impl<B: Backend> Batcher<B> {
             self.running[p.index].blocks.advance(&self.pool, p.count);
         }
         // Rows are read the cheapest way each sequence allows: the device's argmax for plain
-        // greedy ones, the whole rows for the others.
+        // greedy ones, its sampler for sampled ones that neither draft nor want
+        // log-probabilities (where it has one), the whole rows for the others.
         let rows = self.workspace.logits_rows();
-        let scored = self.plan.iter().filter(|p| p.scored);
-        let (mut greedy, mut sampled) = (false, false);
-        for p in scored {
-            let seq = &self.running[p.index];
-            let plain_greedy = seq.sampler.params().is_plain_greedy();
-            greedy |= plain_greedy;
-            sampled |= !plain_greedy || seq.logprobs.is_some();
-        }
         let backend = self.model.backend();
+        let device_samples = backend.samples_rows();
+        let (mut greedy, mut read) = (false, false);
+        self.device_rows.clear();
+        self.penalised.clear();
+        self.device_entries.clear();
+        let mut row = 0;
+        for (entry, p) in self.plan.iter_mut().enumerate() {
+            if !p.scored {
+                continue;
+            }
+            let seq = &mut self.running[p.index];
+            let plain_greedy = seq.sampler.params().is_plain_greedy();
+            p.pick = if plain_greedy {
+                Pick::Argmax
+            } else if device_samples && p.drafting.is_none() && seq.logprobs.is_none() {
+                let request = seq
+                    .sampler
+                    .row_sampling(row, &seq.tokens, &mut self.penalised);
+                self.device_rows.push(request);
+                self.device_entries.push(entry);
+                Pick::Device
+            } else {
+                Pick::Host
+            };
+            greedy |= plain_greedy;
+            read |= p.pick == Pick::Host || seq.logprobs.is_some();
+            row += if p.drafting.is_some() { p.count } else { 1 };
+        }
         if greedy {
             backend.argmax_rows(self.workspace.logits(), &mut self.picks[..rows])?;
         }
-        if sampled {
+        if !self.device_rows.is_empty() {
+            self.device_picks.clear();
+            self.device_picks.resize(self.device_rows.len(), None);
+            backend.sample_rows(
+                self.workspace.logits_mut(),
+                &self.device_rows,
+                &self.penalised,
+                &mut self.device_picks,
+            )?;
+            for ((request, &entry), &token) in self
+                .device_rows
+                .iter()
+                .zip(&self.device_entries)
+                .zip(&self.device_picks)
+            {
+                match token {
+                    Some(token) => self.picks[request.row] = token,
+                    None => {
+                        self.plan[entry].pick = Pick::HostPenalised;
+                        read = true;
+                    }
+                }
+            }
+        }
+        if read {
             let vocab = self.model.config().vocab;
             backend.read_rows(
                 self.workspace.logits(),
@@ -610,15 +682,18 @@ impl<B: Backend> Batcher<B> {
                     }
                     _ => {
                         let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
-                        let token = if greedy {
-                            self.picks[row]
-                        } else {
-                            // Sampling transforms the row in place: the raw row is kept first.
-                            if seq.logprobs.is_some() {
-                                self.raw_row.clear();
-                                self.raw_row.extend_from_slice(logits);
+                        let token = match p.pick {
+                            Pick::Argmax | Pick::Device => self.picks[row],
+                            Pick::Host => {
+                                // Sampling transforms the row in place: the raw row is kept
+                                // first.
+                                if seq.logprobs.is_some() {
+                                    self.raw_row.clear();
+                                    self.raw_row.extend_from_slice(logits);
+                                }
+                                seq.sampler.sample(logits, &seq.tokens)
                             }
-                            seq.sampler.sample(logits, &seq.tokens)
+                            Pick::HostPenalised => seq.sampler.sample_penalised(logits),
                         };
                         if let Some(top) = seq.logprobs {
                             let raw = if greedy { &*logits } else { &self.raw_row };

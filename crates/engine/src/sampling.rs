@@ -2,10 +2,13 @@
 //!
 //! The transforms run in a fixed order — penalties, temperature, top-k, top-p, min-p — and
 //! produce a [`Distribution`] over the surviving tokens; a draw from it with the sequence's
-//! [`Rng`] gives the token. Speculative decoding computes the same distribution for target and
-//! drafter, which is what makes its sampling exact.
+//! [`Rng`] gives the token, walking the tokens in id order. Speculative decoding computes the
+//! same distribution for target and drafter, which is what makes its sampling exact. A backend
+//! that samples where the logits are
+//! ([`Backend::sample_rows`](lucebox_backend::Backend::sample_rows)) takes the same transforms
+//! and the same uniform number from [`Sampler::row_sampling`].
 
-use lucebox_backend::argmax;
+use lucebox_backend::{RowSampling, argmax};
 
 use crate::{Error, Rng};
 
@@ -106,8 +109,8 @@ impl SamplingParams {
     }
 }
 
-/// A probability distribution over the tokens that survived the transforms, in a deterministic
-/// order. Probabilities sum to 1.
+/// A probability distribution over the tokens that survived the transforms, in token order.
+/// Probabilities sum to 1.
 #[derive(Clone, Debug, Default)]
 pub struct Distribution {
     /// `(probability, token)`: while the distribution is being built, the candidates and their
@@ -141,7 +144,9 @@ impl Distribution {
         self.entries.extend_from_slice(&other.entries);
     }
 
-    /// Draws a token with one uniform number from `rng`.
+    /// Draws a token with one uniform number from `rng`: the first token, in id order, at which
+    /// the probabilities summed so far exceed it, as
+    /// [`Backend::sample_rows`](lucebox_backend::Backend::sample_rows) draws.
     pub fn draw(&self, rng: &mut Rng) -> u32 {
         draw_weighted(&self.entries, |&(p, _)| f64::from(p), 1.0, rng)
     }
@@ -222,11 +227,56 @@ impl Sampler {
     /// sequence so far.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         self.apply_penalties(logits, history);
+        self.sample_penalised(logits)
+    }
+
+    /// Like [`sample`](Self::sample), for logits that already carry the penalties: a row that
+    /// [`Backend::sample_rows`](lucebox_backend::Backend::sample_rows) penalised, then left to
+    /// the host.
+    pub fn sample_penalised(&mut self, logits: &[f32]) -> u32 {
         if self.params.is_greedy() {
             return argmax(logits);
         }
         self.build_distribution(logits);
         self.distribution.draw(&mut self.rng)
+    }
+
+    /// What [`Backend::sample_rows`](lucebox_backend::Backend::sample_rows) needs to choose this
+    /// sequence's next token from logits row `row`, given the sequence so far: the parameters,
+    /// the penalised tokens (appended to `penalised`) and the uniform number of the draw, taken
+    /// from this sampler's stream as [`sample`](Self::sample) takes it.
+    pub fn row_sampling(
+        &mut self,
+        row: usize,
+        history: &[u32],
+        penalised: &mut Vec<(u32, u32)>,
+    ) -> RowSampling {
+        let from = penalised.len();
+        if self.params.has_penalties() {
+            self.count_window(history);
+            penalised.extend(
+                self.window
+                    .chunk_by(|a, b| a == b)
+                    .map(|run| (run[0], run.len() as u32)),
+            );
+        }
+        let p = &self.params;
+        RowSampling {
+            row,
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            penalised: from..penalised.len(),
+            uniform: if p.is_greedy() {
+                0.0
+            } else {
+                self.rng.next_f64()
+            },
+        }
     }
 
     /// Like [`sample`](Self::sample), and also returns the distribution the token was drawn
@@ -314,15 +364,21 @@ impl Sampler {
         &self.distribution
     }
 
+    /// The penalty window of `history` into `self.window`, sorted, so that equal tokens form runs.
+    fn count_window(&mut self, history: &[u32]) {
+        let window = self.params.penalty_window;
+        self.window.clear();
+        self.window
+            .extend_from_slice(&history[history.len().saturating_sub(window)..]);
+        self.window.sort_unstable();
+    }
+
     fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
         if !self.params.has_penalties() {
             return;
         }
+        self.count_window(history);
         let p = &self.params;
-        self.window.clear();
-        self.window
-            .extend_from_slice(&history[history.len().saturating_sub(p.penalty_window)..]);
-        self.window.sort_unstable();
         for run in self.window.chunk_by(|a, b| a == b) {
             let Some(logit) = logits.get_mut(run[0] as usize) else {
                 continue;
@@ -377,6 +433,10 @@ impl Sampler {
         let total: f64 = c.iter().map(|x| f64::from(x.0)).sum();
         for x in c.iter_mut() {
             x.0 = (f64::from(x.0) / total) as f32;
+        }
+        // Draws walk the tokens in id order; only top-k and top-p reorder them, and leave few.
+        if !c.is_sorted_by_key(|x| x.1) {
+            c.sort_unstable_by_key(|x| x.1);
         }
     }
 }
@@ -648,5 +708,100 @@ mod tests {
             .validate()
             .is_err()
         );
+    }
+
+    #[test]
+    fn draws_walk_the_survivors_in_token_order() {
+        // Top-p sorts by likelihood and top-k leaves its own order; the draw must not see either.
+        let logits = [0.5, 3.0, 1.0, 2.5, 2.0, 0.0];
+        for p in [
+            SamplingParams {
+                top_p: 0.9,
+                ..params(1.0)
+            },
+            SamplingParams {
+                top_k: 3,
+                ..params(1.0)
+            },
+        ] {
+            let mut s = Sampler::new(p.clone());
+            let tokens: Vec<u32> = s
+                .distribution(&mut logits.to_vec(), &[])
+                .iter()
+                .map(|(t, _)| t)
+                .collect();
+            assert!(tokens.is_sorted(), "{p:?}: {tokens:?}");
+        }
+        // The smallest uniform numbers draw the lowest surviving id, whatever its likelihood.
+        let mut s = Sampler::new(SamplingParams {
+            top_k: 3,
+            ..params(1.0)
+        });
+        let d = s.distribution(&mut logits.to_vec(), &[]).clone();
+        let lowest = d.iter().next().unwrap();
+        assert_eq!(lowest.0, 1);
+        assert_eq!(
+            draw_weighted(&d.entries, |&(p, _)| f64::from(p), 1.0, &mut Rng::seeded(0)),
+            {
+                let mut rng = Rng::seeded(0);
+                let u = rng.next_f64();
+                let mut cumulative = 0.0;
+                d.iter()
+                    .find(|&(_, p)| {
+                        cumulative += f64::from(p);
+                        u < cumulative
+                    })
+                    .unwrap()
+                    .0
+            }
+        );
+    }
+
+    #[test]
+    fn a_device_request_carries_the_parameters_penalties_and_the_next_uniform() {
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_k: 5,
+            top_p: 0.9,
+            min_p: 0.1,
+            repetition_penalty: 1.2,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            penalty_window: 4,
+            seed: Some(9),
+        };
+        let mut s = Sampler::new(p.clone());
+        let mut penalised = vec![(99, 1)];
+        // Only the last four tokens count: 7 twice, 3 and 5 once.
+        let r = s.row_sampling(2, &[1, 1, 7, 3, 7, 5], &mut penalised);
+        assert_eq!(penalised, [(99, 1), (3, 1), (5, 1), (7, 2)]);
+        assert_eq!(r.penalised, 1..4);
+        assert_eq!(r.row, 2);
+        assert_eq!(
+            (r.temperature, r.top_k, r.top_p, r.min_p),
+            (0.8, 5, 0.9, 0.1)
+        );
+        assert_eq!(
+            (
+                r.repetition_penalty,
+                r.presence_penalty,
+                r.frequency_penalty
+            ),
+            (1.2, 0.5, 0.25)
+        );
+        assert_eq!(r.uniform, Rng::seeded(9).next_f64());
+        // The next request takes the next number, as the next host draw would.
+        let mut rng = Rng::seeded(9);
+        rng.next_f64();
+        assert_eq!(
+            s.row_sampling(0, &[], &mut penalised).uniform,
+            rng.next_f64()
+        );
+        // Greedy takes none, and penalties off name no tokens.
+        let mut greedy = Sampler::new(params(0.0));
+        let mut none = Vec::new();
+        let r = greedy.row_sampling(0, &[1, 2, 3], &mut none);
+        assert!(none.is_empty() && r.penalised.is_empty());
+        assert_eq!(greedy.rng.next_u64(), Rng::seeded(1).next_u64());
     }
 }

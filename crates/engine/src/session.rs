@@ -92,6 +92,8 @@ pub struct Session<B: Backend> {
     /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
     picks: Vec<u32>,
+    /// The penalised tokens of a row sampled on the device.
+    penalised: Vec<(u32, u32)>,
 }
 
 impl<B: Backend> std::fmt::Debug for Session<B> {
@@ -141,6 +143,7 @@ impl<B: Backend> Session<B> {
             tokens: Vec::with_capacity(context),
             logits: vec![0.0; vocab * config.scored_tokens],
             picks: vec![0; config.scored_tokens],
+            penalised: Vec::new(),
         })
     }
 
@@ -303,8 +306,9 @@ impl<B: Backend> Session<B> {
         Ok(())
     }
 
-    /// Chooses the next token from the logits of the last token fed. Greedy sampling without
-    /// penalties picks on the device, which spares copying the logits to the host.
+    /// Chooses the next token from the logits of the last token fed. A backend that samples
+    /// where the logits are does ([`Backend::sample_rows`]; greedy sampling without penalties
+    /// through its argmax), which spares copying the logits to the host.
     pub fn sample(&mut self, sampler: &mut Sampler) -> Result<u32, Error> {
         if sampler.params().is_plain_greedy() {
             return Ok(*self
@@ -312,7 +316,25 @@ impl<B: Backend> Session<B> {
                 .last()
                 .expect("a forward pass keeps a row"));
         }
+        let backend = self.model.backend();
         let vocab = self.model.config().vocab;
+        if backend.samples_rows() {
+            let row = self.logits_rows() - 1;
+            self.penalised.clear();
+            let request = sampler.row_sampling(row, &self.tokens, &mut self.penalised);
+            let mut token = [None];
+            backend.sample_rows(
+                self.workspace.logits_mut(),
+                &[request],
+                &self.penalised,
+                &mut token,
+            )?;
+            if let [Some(token)] = token {
+                return Ok(token);
+            }
+            let (rows, _) = self.read_logits()?;
+            return Ok(sampler.sample_penalised(&rows[rows.len() - vocab..]));
+        }
         let (rows, history) = self.read_logits()?;
         let last = rows.len() - vocab;
         Ok(sampler.sample(&mut rows[last..], history))

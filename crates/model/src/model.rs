@@ -416,6 +416,12 @@ impl<B: Backend> Workspace<B> {
         &self.buffers.logits
     }
 
+    /// The logits, for operations that change them where they are (a device's sampling applies
+    /// the penalties in place).
+    pub fn logits_mut(&mut self) -> &mut B::Activations {
+        &mut self.buffers.logits
+    }
+
     /// How many logits rows the last forward pass produced.
     pub fn logits_rows(&self) -> usize {
         self.logits_rows
