@@ -703,3 +703,262 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
         println!("{tuning:?}: each sequence gets its own logits");
     }
 }
+
+/// The host's draw with uniform `u` from `d` (token order), and how far `u` lies from the
+/// nearest boundary between two tokens, relative to the total.
+fn host_draw(d: &lucebox_engine::Distribution, u: f64) -> (u32, f64) {
+    let total: f64 = d.iter().map(|(_, p)| f64::from(p)).sum();
+    let target = u * total;
+    let (mut cumulative, mut margin, mut token) = (0.0, f64::INFINITY, None);
+    for (t, p) in d.iter().filter(|&(_, p)| p > 0.0) {
+        margin = margin.min((target - cumulative).abs() / total);
+        cumulative += f64::from(p);
+        if token.is_none() && target < cumulative {
+            token = Some(t);
+        }
+        margin = margin.min((target - cumulative).abs() / total);
+        if token.is_some() && cumulative > target + 1e-3 * total {
+            break;
+        }
+    }
+    (token.expect("a token"), margin)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn the_device_sampler_draws_what_the_host_sampler_draws() {
+    // Rows of the 1.5B's vocabulary: spread logits with a few strong tokens; a top of ten equal
+    // logits (ties, which top-k and top-p break by id); NaN and -infinity among them; and a
+    // flat row, whose top-k and top-p candidates (all tied) the device leaves to the host. Each
+    // is sampled at 64 uniform numbers spread over [0, 1), with every transform, against the
+    // host's sampler with the same numbers: the same token, but where the number falls within
+    // rounding of a boundary.
+    const VOCAB: usize = 151_936;
+    const DRAWS: usize = 64;
+    let mut rng = Rng::seeded(21);
+    // A model's logits: most tokens far below the few it favours.
+    let spread = |rng: &mut Rng| (rng.next_u64() % 10_001) as f32 / 1000.0 - 6.0;
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut peaked: Vec<f32> = (0..VOCAB).map(|_| spread(&mut rng)).collect();
+    for (i, t) in [17, 4_000, 90_001, 151_935, 77].into_iter().enumerate() {
+        peaked[t] = 16.0 - i as f32 * 0.75;
+    }
+    rows.push(peaked.clone());
+    let mut tied = peaked.clone();
+    for t in (100..1_100).step_by(100) {
+        tied[t] = 18.0;
+    }
+    rows.push(tied);
+    let mut holes = peaked;
+    holes[17] = f32::NAN;
+    holes[5] = f32::NEG_INFINITY;
+    holes[6] = f32::NAN;
+    rows.push(holes);
+    rows.push(vec![1.0; VOCAB]);
+    let history: Vec<u32> = (0..200)
+        .map(|i| [17, 4_000, 100, 300, i][i as usize % 5])
+        .collect();
+    let base = SamplingParams {
+        temperature: 1.0,
+        seed: Some(1),
+        ..SamplingParams::default()
+    };
+    let settings = [
+        base.clone(),
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            ..base.clone()
+        },
+        SamplingParams {
+            top_k: 3,
+            ..base.clone()
+        },
+        SamplingParams {
+            top_k: 40,
+            top_p: 0.5,
+            temperature: 2.0,
+            ..base.clone()
+        },
+        SamplingParams {
+            min_p: 0.05,
+            temperature: 1.5,
+            ..base.clone()
+        },
+        SamplingParams {
+            top_p: 0.95,
+            repetition_penalty: 1.3,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.2,
+            ..base.clone()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 1.5,
+            frequency_penalty: 1.0,
+            ..base.clone()
+        },
+    ];
+    let gpu = gpu();
+    assert!(gpu.samples_rows());
+    let mut writer = GgufWriter::new();
+    writer.tensor(
+        "table",
+        &[VOCAB as u64, rows.len() as u64],
+        GgmlType::F32,
+        f32_bytes(&rows.concat()),
+    );
+    let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
+    let table = gpu
+        .load_matrix(&file, "table", ActivationPrecision::Split)
+        .unwrap();
+    let (mut exact, mut near, mut on_host) = (0, 0, 0);
+    for (r, row) in rows.iter().enumerate() {
+        for params in &settings {
+            let mut host = Sampler::new(params.clone());
+            let mut logits = row.clone();
+            let distribution = host.distribution(&mut logits, &history).clone();
+            let (_batch, mut x) = embedded(&gpu, &table, &[r as u32; DRAWS], VOCAB);
+            let mut penalised = Vec::new();
+            let requests: Vec<_> = (0..DRAWS)
+                .map(|i| lucebox_backend::RowSampling {
+                    uniform: (i as f64 + 0.5) / DRAWS as f64,
+                    ..Sampler::new(params.clone()).row_sampling(i, &history, &mut penalised)
+                })
+                .collect();
+            let mut tokens = vec![None; DRAWS];
+            gpu.sample_rows(&mut x, &requests, &penalised, &mut tokens)
+                .unwrap();
+            let left = tokens.iter().filter(|t| t.is_none()).count();
+            if left > 0 {
+                println!(
+                    "row {r}, {params:?}: {left} draws left to the host, which keeps {} tokens",
+                    distribution.iter().count()
+                );
+            }
+            for (request, token) in requests.iter().zip(tokens) {
+                let Some(token) = token else {
+                    // Only the flat row's candidates (every token tied) are too many, or where
+                    // the host keeps more than the device holds.
+                    let kept = distribution.iter().count();
+                    assert!(
+                        r == 3 || kept > 4096,
+                        "row {r}, {params:?}: left to the host, which keeps {kept} tokens"
+                    );
+                    on_host += 1;
+                    continue;
+                };
+                let (expected, margin) = if params.is_greedy() {
+                    (distribution.iter().next().unwrap().0, f64::INFINITY)
+                } else {
+                    host_draw(&distribution, request.uniform)
+                };
+                if token == expected {
+                    exact += 1;
+                } else {
+                    assert!(
+                        margin < 1e-5,
+                        "row {r}, {params:?}, u = {}: device {token}, host {expected} (p = \
+                         {}), {margin:.2e} from a boundary",
+                        request.uniform,
+                        distribution.prob(expected)
+                    );
+                    near += 1;
+                }
+            }
+        }
+    }
+    println!(
+        "{} draws: {exact} as the host's, {near} apart within 1e-5 of a boundary, {on_host} \
+         left to the host",
+        rows.len() * settings.len() * DRAWS
+    );
+    assert!(exact > 0 && on_host < rows.len() * settings.len() * DRAWS / 4);
+}
+
+/// `tokens` tokens after `prompt`, each drawn by the host's sampler from logits copied back.
+fn sampled_on_the_host<B: Backend>(
+    session: &mut Session<B>,
+    prompt: &[u32],
+    params: &SamplingParams,
+    tokens: usize,
+) -> Vec<u32> {
+    let mut sampler = Sampler::new(params.clone());
+    let vocab = session.model().config().vocab;
+    session.reset();
+    session.feed(prompt).unwrap();
+    let mut out = Vec::new();
+    while out.len() < tokens {
+        let (rows, history) = session.read_logits().unwrap();
+        let last = rows.len() - vocab;
+        let token = sampler.sample(&mut rows[last..], history);
+        out.push(token);
+        session.feed(&[token]).unwrap();
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn sampled_generation_on_the_device_equals_the_host_s_draws() {
+    // The same seeds draw the same tokens whether the device or the host samples, alone and
+    // with the sequences batched together (the device's sampler takes all their rows at once).
+    let file = open(TARGET);
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
+    let target = on(&gpu(), &file);
+    let params = |seed: u64| SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 100,
+        presence_penalty: 0.3,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let mut session = Session::new(Arc::clone(&target), config()).unwrap();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| sampled_on_the_host(&mut session, p, &params(i as u64), 48))
+        .collect();
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut out = Vec::new();
+            session
+                .generate(
+                    p,
+                    &mut Sampler::new(params(i as u64)),
+                    48,
+                    |_| false,
+                    &mut |t| {
+                        out.push(t);
+                        ControlFlow::Continue(())
+                    },
+                )
+                .unwrap();
+            out
+        })
+        .collect();
+    assert_eq!(alone, expected, "one sequence at a time");
+    let config = BatchConfig {
+        context: 512,
+        kv_blocks: 4 * 32,
+        block_tokens: 16,
+        max_sequences: prompts.len(),
+        step_tokens: 256,
+    };
+    let mut batcher = Batcher::new(Arc::clone(&target), config, Box::new(|_| false), None).unwrap();
+    let requests: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.clone(), params(i as u64), 48))
+        .collect();
+    let (together, _) = common::run_together(&mut batcher, &requests);
+    let together: Vec<Vec<u32>> = together.into_iter().map(|(tokens, _)| tokens).collect();
+    assert_eq!(together, expected, "batched");
+    println!(
+        "{} sequences x 48 sampled tokens: the device's draws equal the host's, alone and batched",
+        prompts.len()
+    );
+}
