@@ -18,9 +18,21 @@ pub(crate) struct BenchArgs {
     /// Prompt tokens of the prefill test (one forward pass over a fresh context).
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
-    /// Tokens of the decode test (one at a time from a fresh context, greedy).
+    /// Tokens of the decode test (one at a time from a fresh context, greedy unless
+    /// --temperature is given).
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
+    /// Sample the decode test at this temperature (with --serve: every request). Where the
+    /// backend samples on the device, the decode test also runs sampling on the host, to
+    /// compare.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// With --temperature: keep the most likely tokens whose probabilities reach this.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// With --temperature: keep only this many most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
     /// Runs of each test (with --spec: of each prompt and mode); the median is reported.
     #[arg(long, default_value_t = 5)]
     repetitions: usize,
@@ -111,6 +123,9 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             concurrency: &args.concurrency,
             requests: args.requests,
             max_tokens: args.max_tokens,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
             prompts: &args.prompts,
             json: args.json,
         });
@@ -179,26 +194,43 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
     let prompt: Vec<u32> = (0..args.prompt_tokens)
         .map(|_| (rng.next_u64() % vocab) as u32)
         .collect();
-    let mut sampler = Sampler::new(SamplingParams::default());
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        seed: Some(0),
+        ..SamplingParams::default()
+    };
+    params
+        .validate()
+        .context("--temperature, --top-p, --top-k")?;
+    // Sampled on the device, the same decode also runs with the host's sampler, to compare.
+    let host_too = !params.is_plain_greedy() && session.model().backend().samples_rows();
+    let mut sampler = Sampler::new(params);
 
     // One untimed run of each test warms the caches and faults the mapped weights in.
     let mut prefill_runs = Vec::new();
     let mut decode_runs = Vec::new();
+    let mut host_decode_runs = Vec::new();
     for run in 0..=args.repetitions {
         session.reset();
         let started = Instant::now();
         session.feed(&prompt)?;
         session.sample(&mut sampler)?;
         let prefill = args.prompt_tokens as f64 / started.elapsed().as_secs_f64();
-
-        session.reset();
-        let started = Instant::now();
-        let mut token = prompt[0];
-        for _ in 0..args.gen_tokens {
-            session.feed(&[token])?;
-            token = session.sample(&mut sampler)?;
+        let decode = decode_rate(
+            &mut session,
+            &mut sampler,
+            prompt[0],
+            args.gen_tokens,
+            false,
+        )?;
+        if host_too {
+            let host = decode_rate(&mut session, &mut sampler, prompt[0], args.gen_tokens, true)?;
+            if run > 0 {
+                host_decode_runs.push(host);
+            }
         }
-        let decode = args.gen_tokens as f64 / started.elapsed().as_secs_f64();
         if run > 0 {
             prefill_runs.push(prefill);
             decode_runs.push(decode);
@@ -206,6 +238,7 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
     }
     let prefill = median(&mut prefill_runs);
     let decode = median(&mut decode_runs);
+    let host_decode = (!host_decode_runs.is_empty()).then(|| median(&mut host_decode_runs));
     let bandwidth = decode * weight_bytes as f64;
     let share_of_peak = peak_bandwidth.map(|peak| bandwidth / peak);
     if args.json {
@@ -215,14 +248,19 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
             "repetitions": args.repetitions,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
             "prefill_tok_s": prefill,
             "decode_tok_s": decode,
+            "decode_host_sampling_tok_s": host_decode,
             "weight_bytes": weight_bytes,
             "decode_weight_bandwidth_gb_s": bandwidth / 1e9,
             "peak_bandwidth_gb_s": peak_bandwidth.map(|peak| peak / 1e9),
             "decode_share_of_peak_bandwidth": share_of_peak,
             "prefill_runs_tok_s": prefill_runs,
             "decode_runs_tok_s": decode_runs,
+            "decode_host_sampling_runs_tok_s": host_decode_runs,
         });
         println!("{report}");
     } else {
@@ -246,10 +284,14 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
             "{:<10} {:>8} {:>12} {:>12} {:>12}",
             "test", "tokens", "median t/s", "min t/s", "max t/s"
         );
-        for (name, tokens, runs, value) in [
+        let mut tests = vec![
             ("prefill", args.prompt_tokens, &prefill_runs, prefill),
             ("decode", args.gen_tokens, &decode_runs, decode),
-        ] {
+        ];
+        if let Some(host) = host_decode {
+            tests.push(("host-drawn", args.gen_tokens, &host_decode_runs, host));
+        }
+        for (name, tokens, runs, value) in tests {
             println!(
                 "{name:<10} {tokens:>8} {value:>12.2} {:>12.2} {:>12.2}",
                 runs[0],
@@ -261,6 +303,33 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
 }
 
 /// Sorts `runs` and returns their median.
+/// Tokens per second decoding `tokens` tokens one at a time from a fresh context after
+/// `first`, each drawn by `sampler` where the backend samples, or on the host (`on_host`: the
+/// logits copied back and drawn there).
+fn decode_rate<B: Backend>(
+    session: &mut Session<B>,
+    sampler: &mut Sampler,
+    first: u32,
+    tokens: usize,
+    on_host: bool,
+) -> anyhow::Result<f64> {
+    session.reset();
+    let started = Instant::now();
+    let mut token = first;
+    for _ in 0..tokens {
+        session.feed(&[token])?;
+        token = if on_host {
+            let vocab = session.model().config().vocab;
+            let (rows, history) = session.read_logits()?;
+            let last = rows.len() - vocab;
+            sampler.sample(&mut rows[last..], history)
+        } else {
+            session.sample(sampler)?
+        };
+    }
+    Ok(tokens as f64 / started.elapsed().as_secs_f64())
+}
+
 pub(crate) fn median(runs: &mut [f64]) -> f64 {
     runs.sort_by(f64::total_cmp);
     let n = runs.len();

@@ -38,6 +38,10 @@ pub(crate) struct ServeBenchArgs<'a> {
     /// Requests per concurrency level (default: twice the level, at least 8).
     pub requests: Option<usize>,
     pub max_tokens: usize,
+    /// What each request asks to sample with (temperature 0: greedy).
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
     /// The names of the prompts to send; empty: all of the set.
     pub prompts: &'a [String],
     pub json: bool,
@@ -112,6 +116,11 @@ pub(crate) fn run(args: ServeBenchArgs<'_>) -> anyhow::Result<()> {
     let client = Arc::new(Client {
         authority,
         max_tokens: args.max_tokens,
+        sampling: json!({
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+        }),
         prompts,
     });
     // One request first, untimed: the server faults its weights in.
@@ -265,6 +274,8 @@ async fn run_level(
 struct Client {
     authority: String,
     max_tokens: usize,
+    /// The sampling fields of every request.
+    sampling: serde_json::Value,
     prompts: Vec<BenchPrompt>,
 }
 
@@ -272,12 +283,15 @@ impl Client {
     async fn request(&self, i: usize) -> anyhow::Result<Sample> {
         let prompt = &self.prompts[i % self.prompts.len()];
         let max_tokens = self.max_tokens.min(prompt.max_tokens);
-        let common = json!({
+        let mut common = json!({
             "max_tokens": max_tokens,
-            "temperature": 0,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        if let (Some(common), Some(sampling)) = (common.as_object_mut(), self.sampling.as_object())
+        {
+            common.extend(sampling.clone());
+        }
         let (path, mut body) = if prompt.chat {
             let messages = json!([{"role": "user", "content": prompt.text}]);
             ("/v1/chat/completions", json!({"messages": messages}))
