@@ -111,19 +111,25 @@ static __device__ void block_argmax(float &value, unsigned &index, Reduce &scrat
     __syncthreads();
 }
 
+// The inclusive prefix sum of v over the lanes of a warp.
+static __device__ __forceinline__ unsigned long long warp_inclusive_scan(unsigned long long v) {
+    const int lane = threadIdx.x % WARP_SIZE;
+#pragma unroll
+    for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
+        const unsigned long long from = SHFL_UP(v, offset);
+        if (lane >= offset) {
+            v += from;
+        }
+    }
+    return v;
+}
+
 // The exclusive prefix sum of v over the threads in order, and the block's total.
 static __device__ unsigned long long block_exclusive_scan(unsigned long long v,
                                                           unsigned long long &total,
                                                           Reduce &scratch) {
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    unsigned long long inclusive = v;
-#pragma unroll
-    for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
-        const unsigned long long from = SHFL_UP(inclusive, offset);
-        if (lane >= offset) {
-            inclusive += from;
-        }
-    }
+    const unsigned long long inclusive = warp_inclusive_scan(v);
     if (lane == WARP_SIZE - 1) {
         scratch.u64[warp] = inclusive;
     }
@@ -260,14 +266,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
                     const float e = expf(s - max);
                     m = !isnan(s) && e >= min_p ? (unsigned long long)(e * MASS_ONE) : 0;
                 }
-                unsigned long long inclusive = m;
-#pragma unroll
-                for (int offset = 1; offset < WARP_SIZE; offset <<= 1) {
-                    const unsigned long long from = SHFL_UP(inclusive, offset);
-                    if (lane >= offset) {
-                        inclusive += from;
-                    }
-                }
+                const unsigned long long inclusive = warp_inclusive_scan(m);
                 const bool here = m > 0 && target < walked + inclusive &&
                                   target >= walked + inclusive - m;
                 if (here) {

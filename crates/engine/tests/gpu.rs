@@ -94,6 +94,17 @@ fn greedy<G: Generator>(generator: &mut G, prompt: &[u32], tokens: usize) -> Vec
     out
 }
 
+/// A batcher's room for `sequences` of the test prompts.
+fn batch_config(sequences: usize) -> BatchConfig {
+    BatchConfig {
+        context: 512,
+        kv_blocks: sequences * 32,
+        block_tokens: 16,
+        max_sequences: sequences,
+        step_tokens: 256,
+    }
+}
+
 fn config() -> SessionConfig {
     SessionConfig {
         context: 512,
@@ -648,13 +659,7 @@ fn batched_ngram_speculation_equals_plain_greedy_on_the_device() {
         let mut plain = Session::new(Arc::clone(&target), config()).unwrap();
         let expected: Vec<Vec<u32>> = prompts.iter().map(|t| greedy(&mut plain, t, 64)).collect();
         for policy in [DraftPolicy::Fixed(4), DraftPolicy::Adaptive(8)] {
-            let config = BatchConfig {
-                context: 512,
-                kv_blocks: 4 * 32,
-                block_tokens: 16,
-                max_sequences: prompts.len(),
-                step_tokens: 256,
-            };
+            let config = batch_config(prompts.len());
             let drafter = Box::<NgramDrafter>::default();
             let mut batcher = Batcher::new(
                 Arc::clone(&target),
@@ -941,13 +946,7 @@ fn sampled_generation_on_the_device_equals_the_host_s_draws() {
         })
         .collect();
     assert_eq!(alone, expected, "one sequence at a time");
-    let config = BatchConfig {
-        context: 512,
-        kv_blocks: 4 * 32,
-        block_tokens: 16,
-        max_sequences: prompts.len(),
-        step_tokens: 256,
-    };
+    let config = batch_config(prompts.len());
     let mut batcher = Batcher::new(Arc::clone(&target), config, Box::new(|_| false), None).unwrap();
     let requests: Vec<_> = prompts
         .iter()
