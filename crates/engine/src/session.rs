@@ -335,6 +335,14 @@ impl<B: Backend> Session<B> {
             let (rows, _) = self.read_logits()?;
             return Ok(sampler.sample_penalised(&rows[rows.len() - vocab..]));
         }
+        self.sample_on_host(sampler)
+    }
+
+    /// Chooses the next token on the host from the logits of the last token fed, copied back,
+    /// whatever the backend can do: what [`sample`](Self::sample) does without a device
+    /// sampler, and the baseline to measure one against.
+    pub fn sample_on_host(&mut self, sampler: &mut Sampler) -> Result<u32, Error> {
+        let vocab = self.model.config().vocab;
         let (rows, history) = self.read_logits()?;
         let last = rows.len() - vocab;
         Ok(sampler.sample(&mut rows[last..], history))

@@ -889,14 +889,11 @@ fn sampled_on_the_host<B: Backend>(
     tokens: usize,
 ) -> Vec<u32> {
     let mut sampler = Sampler::new(params.clone());
-    let vocab = session.model().config().vocab;
     session.reset();
     session.feed(prompt).unwrap();
     let mut out = Vec::new();
     while out.len() < tokens {
-        let (rows, history) = session.read_logits().unwrap();
-        let last = rows.len() - vocab;
-        let token = sampler.sample(&mut rows[last..], history);
+        let token = session.sample_on_host(&mut sampler).unwrap();
         out.push(token);
         session.feed(&[token]).unwrap();
     }

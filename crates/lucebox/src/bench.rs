@@ -319,10 +319,7 @@ fn decode_rate<B: Backend>(
     for _ in 0..tokens {
         session.feed(&[token])?;
         token = if on_host {
-            let vocab = session.model().config().vocab;
-            let (rows, history) = session.read_logits()?;
-            let last = rows.len() - vocab;
-            sampler.sample(&mut rows[last..], history)
+            session.sample_on_host(sampler)?
         } else {
             session.sample(sampler)?
         };
