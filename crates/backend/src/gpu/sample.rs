@@ -58,12 +58,15 @@ impl DeviceSampleRow {
     }
 }
 
-/// The device buffers of [`Backend::sample_rows`](crate::Backend::sample_rows), grown to the
-/// most asked for.
+/// The buffers of [`Backend::sample_rows`](crate::Backend::sample_rows), on the device and
+/// their host sides, grown to the most asked for, so that a warm step allocates nothing.
 pub(crate) struct SampleBuffers<R: Runtime> {
     rows: Option<Buffer<R, DeviceSampleRow>>,
     penalties: Option<Buffer<R, u32>>,
     tokens: Option<Buffer<R, u32>>,
+    host_rows: Vec<DeviceSampleRow>,
+    host_penalties: Vec<u32>,
+    host_tokens: Vec<u32>,
 }
 
 impl<R: Runtime> SampleBuffers<R> {
@@ -72,6 +75,9 @@ impl<R: Runtime> SampleBuffers<R> {
             rows: None,
             penalties: None,
             tokens: None,
+            host_rows: Vec::new(),
+            host_penalties: Vec::new(),
+            host_tokens: Vec::new(),
         }
     }
 }
@@ -152,15 +158,22 @@ impl<R: Runtime> GpuBackend<R> {
         if rows.is_empty() {
             return Ok(());
         }
-        let host_rows: Vec<DeviceSampleRow> = rows.iter().map(DeviceSampleRow::of).collect();
-        let pairs: Vec<u32> = penalised.iter().flat_map(|&(t, n)| [t, n]).collect();
         let mut guard = self.sampling.lock().unwrap_or_else(|e| e.into_inner());
         let buffers = &mut *guard;
+        buffers.host_rows.clear();
+        buffers
+            .host_rows
+            .extend(rows.iter().map(DeviceSampleRow::of));
+        buffers.host_penalties.clear();
+        buffers
+            .host_penalties
+            .extend(penalised.iter().flat_map(|&(t, n)| [t, n]));
         let device_rows = at_least(self, &mut buffers.rows, rows.len(), "sampling rows")?;
-        self.upload(&host_rows, device_rows)?;
+        self.upload(&buffers.host_rows, device_rows)?;
         let rows_arg = device_rows.arg();
-        let device_pairs = at_least(self, &mut buffers.penalties, pairs.len(), "penalties")?;
-        self.upload(&pairs, device_pairs)?;
+        let pairs = buffers.host_penalties.len();
+        let device_pairs = at_least(self, &mut buffers.penalties, pairs, "penalties")?;
+        self.upload(&buffers.host_penalties, device_pairs)?;
         let pairs_arg = device_pairs.arg();
         let tokens = at_least(self, &mut buffers.tokens, rows.len(), "sampled tokens")?;
         let args: [KernelArg; 5] = [x.written(), int(x.cols), rows_arg, pairs_arg, tokens.arg()];
@@ -171,9 +184,9 @@ impl<R: Runtime> GpuBackend<R> {
             SAMPLE_THREADS,
             &args,
         )?;
-        let mut picked = vec![0u32; rows.len()];
-        self.download("sample_rows", tokens, &mut picked)?;
-        for (slot, token) in out.iter_mut().zip(picked) {
+        buffers.host_tokens.resize(rows.len(), 0);
+        self.download("sample_rows", tokens, &mut buffers.host_tokens)?;
+        for (slot, &token) in out.iter_mut().zip(&buffers.host_tokens) {
             *slot = (token != SAMPLE_ON_HOST).then_some(token);
         }
         Ok(())
