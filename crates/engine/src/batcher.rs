@@ -194,12 +194,11 @@ struct Planned {
 enum Pick {
     /// The device's argmax of its rows (plain greedy).
     Argmax,
-    /// The device's sampler ([`Backend::sample_rows`]).
+    /// The device's sampler ([`Backend::sample_rows`]), every row of a certain draft's verify
+    /// pass; the host draws the rows it leaves with the same uniform numbers.
     Device,
     /// The host's sampler, on the rows read back.
     Host,
-    /// The host's sampler, on a row the device's sampler penalised and left to the host.
-    HostPenalised,
 }
 
 /// The drafter and its scratch.
@@ -566,8 +565,9 @@ impl<B: Backend> Batcher<B> {
             self.running[p.index].blocks.advance(&self.pool, p.count);
         }
         // Rows are read the cheapest way each sequence allows: the device's argmax for plain
-        // greedy ones, its sampler for sampled ones that neither draft nor want
-        // log-probabilities (where it has one), the whole rows for the others.
+        // greedy ones, its sampler (where it has one) for sampled ones that want no
+        // log-probabilities and whose drafts, if any, are certain, the whole rows for the
+        // others.
         let rows = self.workspace.logits_rows();
         let backend = self.model.backend();
         let device_samples = backend.samples_rows();
@@ -575,6 +575,7 @@ impl<B: Backend> Batcher<B> {
         self.device_rows.clear();
         self.penalised.clear();
         self.device_entries.clear();
+        self.device_picks.clear();
         let mut row = 0;
         for (entry, p) in self.plan.iter_mut().enumerate() {
             if !p.scored {
@@ -582,27 +583,39 @@ impl<B: Backend> Batcher<B> {
             }
             let seq = &mut self.running[p.index];
             let plain_greedy = seq.sampler.params().is_plain_greedy();
+            // A verify pass's row j follows the pending token and the draft's first j tokens.
+            let (rows, drafted) = match p.drafting {
+                Some(_) => (p.count, seq.draft.tokens()),
+                None => (1, &[][..]),
+            };
             p.pick = if plain_greedy {
                 Pick::Argmax
-            } else if device_samples && p.drafting.is_none() && seq.logprobs.is_none() {
-                let request = seq
-                    .sampler
-                    .row_sampling(row, &seq.tokens, &mut self.penalised);
-                self.device_rows.push(request);
-                self.device_entries.push(entry);
+            } else if device_samples
+                && seq.logprobs.is_none()
+                && (p.drafting.is_none() || seq.draft.is_certain())
+            {
+                for j in 0..rows {
+                    let request = seq.sampler.row_sampling(
+                        row + j,
+                        &seq.tokens,
+                        &drafted[..j],
+                        &mut self.penalised,
+                    );
+                    self.device_rows.push(request);
+                    self.device_entries.push(entry);
+                }
                 Pick::Device
             } else {
                 Pick::Host
             };
             greedy |= plain_greedy;
             read |= p.pick == Pick::Host || seq.logprobs.is_some();
-            row += if p.drafting.is_some() { p.count } else { 1 };
+            row += rows;
         }
         if greedy {
             backend.argmax_rows(self.workspace.logits(), &mut self.picks[..rows])?;
         }
         if !self.device_rows.is_empty() {
-            self.device_picks.clear();
             self.device_picks.resize(self.device_rows.len(), None);
             backend.sample_rows(
                 self.workspace.logits_mut(),
@@ -610,28 +623,33 @@ impl<B: Backend> Batcher<B> {
                 &self.penalised,
                 &mut self.device_picks,
             )?;
-            for ((request, &entry), &token) in self
-                .device_rows
-                .iter()
-                .zip(&self.device_entries)
-                .zip(&self.device_picks)
-            {
-                match token {
-                    Some(token) => self.picks[request.row] = token,
-                    None => {
-                        self.plan[entry].pick = Pick::HostPenalised;
-                        read = true;
-                    }
-                }
+            for (request, &token) in self.device_rows.iter().zip(&self.device_picks) {
+                self.picks[request.row] = token.unwrap_or(0);
             }
         }
-        if read {
+        let left_to_host = self.device_picks.iter().any(Option::is_none);
+        if read || left_to_host {
             let vocab = self.model.config().vocab;
             backend.read_rows(
                 self.workspace.logits(),
                 rows,
                 &mut self.logits[..rows * vocab],
             )?;
+        }
+        if left_to_host {
+            let vocab = self.model.config().vocab;
+            for ((request, &entry), &token) in self
+                .device_rows
+                .iter()
+                .zip(&self.device_entries)
+                .zip(&self.device_picks)
+            {
+                if token.is_none() {
+                    let sampler = &mut self.running[self.plan[entry].index].sampler;
+                    let logits = &self.logits[request.row * vocab..(request.row + 1) * vocab];
+                    self.picks[request.row] = sampler.sample_penalised(logits, request.uniform);
+                }
+            }
         }
         Ok(())
     }
@@ -654,7 +672,7 @@ impl<B: Backend> Batcher<B> {
                         let rows = p.count;
                         let pending = p.start;
                         seq.tokens.extend_from_slice(seq.draft.tokens());
-                        let scores = if greedy {
+                        let scores = if greedy || p.pick == Pick::Device {
                             Scores::Picks(&self.picks[row..row + rows])
                         } else {
                             Scores::Rows {
@@ -693,7 +711,6 @@ impl<B: Backend> Batcher<B> {
                                 }
                                 seq.sampler.sample(logits, &seq.tokens)
                             }
-                            Pick::HostPenalised => seq.sampler.sample_penalised(logits),
                         };
                         if let Some(top) = seq.logprobs {
                             let raw = if greedy { &*logits } else { &self.raw_row };

@@ -144,24 +144,29 @@ impl Distribution {
         self.entries.extend_from_slice(&other.entries);
     }
 
-    /// Draws a token with one uniform number from `rng`: the first token, in id order, at which
+    /// Whether all the mass is on one token: what a deterministic drafter proposes from.
+    pub fn is_certain(&self) -> bool {
+        self.entries.len() == 1
+    }
+
+    /// Draws a token with `uniform`, a number in [0, 1): the first token, in id order, at which
     /// the probabilities summed so far exceed it, as
     /// [`Backend::sample_rows`](lucebox_backend::Backend::sample_rows) draws.
-    pub fn draw(&self, rng: &mut Rng) -> u32 {
-        draw_weighted(&self.entries, |&(p, _)| f64::from(p), 1.0, rng)
+    pub fn draw(&self, uniform: f64) -> u32 {
+        draw_weighted(&self.entries, |&(p, _)| f64::from(p), 1.0, uniform)
     }
 }
 
-/// Draws one of `entries`' tokens with one uniform number from `rng`, each with probability
+/// Draws one of `entries`' tokens with `uniform`, a number in [0, 1), each with probability
 /// `weight(entry) / total`; the weights are non-negative and sum to `total` > 0. Rounding can
 /// leave the walk a hair short of `total`: the last token of positive weight takes the rest.
 fn draw_weighted(
     entries: &[(f32, u32)],
     weight: impl Fn(&(f32, u32)) -> f64,
     total: f64,
-    rng: &mut Rng,
+    uniform: f64,
 ) -> u32 {
-    let target = rng.next_f64() * total;
+    let target = uniform * total;
     let mut cumulative = 0.0;
     let mut last = None;
     for entry in entries {
@@ -226,34 +231,54 @@ impl Sampler {
     /// Chooses the next token from `logits` (modified in place by the penalties), given the
     /// sequence so far.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        self.apply_penalties(logits, history);
-        self.sample_penalised(logits)
+        let uniform = self.next_uniform();
+        self.sample_with(logits, history, uniform)
     }
 
-    /// Like [`sample`](Self::sample), for logits that already carry the penalties: a row that
-    /// [`Backend::sample_rows`](lucebox_backend::Backend::sample_rows) penalised, then left to
-    /// the host.
-    pub fn sample_penalised(&mut self, logits: &[f32]) -> u32 {
+    /// The uniform number of this sequence's next draw, taken from its stream; greedy
+    /// parameters draw nothing and take none (0).
+    pub fn next_uniform(&mut self) -> f64 {
+        if self.params.is_greedy() {
+            0.0
+        } else {
+            self.rng.next_f64()
+        }
+    }
+
+    /// Like [`sample`](Self::sample), with a uniform number already taken from the stream
+    /// ([`next_uniform`](Self::next_uniform)).
+    pub fn sample_with(&mut self, logits: &mut [f32], history: &[u32], uniform: f64) -> u32 {
+        self.apply_penalties(logits, history);
+        self.sample_penalised(logits, uniform)
+    }
+
+    /// Like [`sample_with`](Self::sample_with), for logits that already carry the penalties: a
+    /// row that [`Backend::sample_rows`](lucebox_backend::Backend::sample_rows) penalised, then
+    /// left to the host, drawn with the uniform number its request carried, so that the
+    /// stream goes on as if the device had drawn it.
+    pub fn sample_penalised(&mut self, logits: &[f32], uniform: f64) -> u32 {
         if self.params.is_greedy() {
             return argmax(logits);
         }
         self.build_distribution(logits);
-        self.distribution.draw(&mut self.rng)
+        self.distribution.draw(uniform)
     }
 
     /// What [`Backend::sample_rows`](lucebox_backend::Backend::sample_rows) needs to choose this
-    /// sequence's next token from logits row `row`, given the sequence so far: the parameters,
-    /// the penalised tokens (appended to `penalised`) and the uniform number of the draw, taken
-    /// from this sampler's stream as [`sample`](Self::sample) takes it.
+    /// sequence's next token from logits row `row`, given the sequence so far (`history`, then
+    /// `drafted`: the tokens of a draft before that row): the parameters, the penalised tokens
+    /// (appended to `penalised`) and the uniform number of the draw, taken from this sampler's
+    /// stream as [`sample`](Self::sample) takes it.
     pub fn row_sampling(
         &mut self,
         row: usize,
         history: &[u32],
+        drafted: &[u32],
         penalised: &mut Vec<(u32, u32)>,
     ) -> RowSampling {
         let from = penalised.len();
         if self.params.has_penalties() {
-            self.count_window(history);
+            self.count_window(history, drafted);
             penalised.extend(
                 self.window
                     .chunk_by(|a, b| a == b)
@@ -271,11 +296,7 @@ impl Sampler {
             presence_penalty: p.presence_penalty,
             frequency_penalty: p.frequency_penalty,
             penalised: from..penalised.len(),
-            uniform: if p.is_greedy() {
-                0.0
-            } else {
-                self.rng.next_f64()
-            },
+            uniform: self.next_uniform(),
         }
     }
 
@@ -290,7 +311,7 @@ impl Sampler {
         let token = if self.params.is_greedy() {
             self.distribution.entries[0].1
         } else {
-            self.distribution.draw(&mut self.rng)
+            self.distribution.draw(self.rng.next_f64())
         };
         (token, &self.distribution)
     }
@@ -339,10 +360,10 @@ impl Sampler {
             // Greedy verification lands here: the replacement is certain, nothing is drawn.
             last
         } else if mass > 0.0 {
-            draw_weighted(&p.entries, residual, mass, &mut self.rng)
+            draw_weighted(&p.entries, residual, mass, self.rng.next_f64())
         } else {
             // p and q agree to rounding, yet the draw rejected: p itself is the residual's limit.
-            p.draw(&mut self.rng)
+            p.draw(self.rng.next_f64())
         };
         for &(_, token) in &q.entries {
             if let Some(slot) = dense.get_mut(token as usize) {
@@ -364,12 +385,15 @@ impl Sampler {
         &self.distribution
     }
 
-    /// The penalty window of `history` into `self.window`, sorted, so that equal tokens form runs.
-    fn count_window(&mut self, history: &[u32]) {
+    /// The penalty window of `history` followed by `then` into `self.window`, sorted, so that
+    /// equal tokens form runs.
+    fn count_window(&mut self, history: &[u32], then: &[u32]) {
         let window = self.params.penalty_window;
+        let then = &then[then.len().saturating_sub(window)..];
+        let history = &history[history.len().saturating_sub(window - then.len())..];
         self.window.clear();
-        self.window
-            .extend_from_slice(&history[history.len().saturating_sub(window)..]);
+        self.window.extend_from_slice(history);
+        self.window.extend_from_slice(then);
         self.window.sort_unstable();
     }
 
@@ -377,7 +401,7 @@ impl Sampler {
         if !self.params.has_penalties() {
             return;
         }
-        self.count_window(history);
+        self.count_window(history, &[]);
         let p = &self.params;
         for run in self.window.chunk_by(|a, b| a == b) {
             let Some(logit) = logits.get_mut(run[0] as usize) else {
@@ -741,7 +765,12 @@ mod tests {
         let lowest = d.iter().next().unwrap();
         assert_eq!(lowest.0, 1);
         assert_eq!(
-            draw_weighted(&d.entries, |&(p, _)| f64::from(p), 1.0, &mut Rng::seeded(0)),
+            draw_weighted(
+                &d.entries,
+                |&(p, _)| f64::from(p),
+                1.0,
+                Rng::seeded(0).next_f64()
+            ),
             {
                 let mut rng = Rng::seeded(0);
                 let u = rng.next_f64();
@@ -773,7 +802,7 @@ mod tests {
         let mut s = Sampler::new(p.clone());
         let mut penalised = vec![(99, 1)];
         // Only the last four tokens count: 7 twice, 3 and 5 once.
-        let r = s.row_sampling(2, &[1, 1, 7, 3, 7, 5], &mut penalised);
+        let r = s.row_sampling(2, &[1, 1, 7, 3, 7, 5], &[], &mut penalised);
         assert_eq!(penalised, [(99, 1), (3, 1), (5, 1), (7, 2)]);
         assert_eq!(r.penalised, 1..4);
         assert_eq!(r.row, 2);
@@ -794,13 +823,21 @@ mod tests {
         let mut rng = Rng::seeded(9);
         rng.next_f64();
         assert_eq!(
-            s.row_sampling(0, &[], &mut penalised).uniform,
+            s.row_sampling(0, &[], &[], &mut penalised).uniform,
             rng.next_f64()
         );
+        // A verify row's window runs on into the draft before it: 5, then 8, 8 and 3.
+        penalised.clear();
+        let r = s.row_sampling(1, &[1, 1, 7, 3, 7, 5], &[8, 8, 3], &mut penalised);
+        assert_eq!(penalised, [(3, 1), (5, 1), (8, 2)]);
+        assert_eq!(r.penalised, 0..3);
+        let mut full_draft = Vec::new();
+        s.row_sampling(1, &[1, 1], &[2, 8, 8, 3, 9], &mut full_draft);
+        assert_eq!(full_draft, [(3, 1), (8, 2), (9, 1)]);
         // Greedy takes none, and penalties off name no tokens.
         let mut greedy = Sampler::new(params(0.0));
         let mut none = Vec::new();
-        let r = greedy.row_sampling(0, &[1, 2, 3], &mut none);
+        let r = greedy.row_sampling(0, &[1, 2, 3], &[], &mut none);
         assert!(none.is_empty() && r.penalised.is_empty());
         assert_eq!(greedy.rng.next_u64(), Rng::seeded(1).next_u64());
     }

@@ -2,7 +2,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch, RowSampling};
 use lucebox_model::{Model, Workspace};
 
 use crate::{BlockPool, DEFAULT_BLOCK_TOKENS, Error, Sampler, SequenceBlocks};
@@ -92,8 +92,10 @@ pub struct Session<B: Backend> {
     /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
     picks: Vec<u32>,
-    /// The penalised tokens of a row sampled on the device.
+    /// The rows drawn on the device: their requests, penalised tokens and tokens.
+    requests: Vec<RowSampling>,
     penalised: Vec<(u32, u32)>,
+    drawn: Vec<Option<u32>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Session<B> {
@@ -143,7 +145,9 @@ impl<B: Backend> Session<B> {
             tokens: Vec::with_capacity(context),
             logits: vec![0.0; vocab * config.scored_tokens],
             picks: vec![0; config.scored_tokens],
+            requests: Vec::with_capacity(config.scored_tokens),
             penalised: Vec::new(),
+            drawn: Vec::with_capacity(config.scored_tokens),
         })
     }
 
@@ -316,26 +320,60 @@ impl<B: Backend> Session<B> {
                 .last()
                 .expect("a forward pass keeps a row"));
         }
-        let backend = self.model.backend();
-        let vocab = self.model.config().vocab;
-        if backend.samples_rows() {
-            let row = self.logits_rows() - 1;
-            self.penalised.clear();
-            let request = sampler.row_sampling(row, &self.tokens, &mut self.penalised);
-            let mut token = [None];
-            backend.sample_rows(
-                self.workspace.logits_mut(),
-                &[request],
-                &self.penalised,
-                &mut token,
-            )?;
-            if let [Some(token)] = token {
-                return Ok(token);
-            }
-            let (rows, _) = self.read_logits()?;
-            return Ok(sampler.sample_penalised(&rows[rows.len() - vocab..]));
+        if self.model.backend().samples_rows() {
+            let last = self.logits_rows() - 1;
+            self.draw_on_device(sampler, last)?;
+            return Ok(self.picks[last]);
         }
         self.sample_on_host(sampler)
+    }
+
+    /// The token `sampler` draws from each logits row of the last forward pass, each row's
+    /// history being the tokens fed up to its own, drawn where the logits are: what verifying
+    /// a certain draft takes ([`Backend::sample_rows`], which the backend must offer). The
+    /// rows' uniform numbers are taken in row order, as drawing them one by one would.
+    pub fn draw_rows(&mut self, sampler: &mut Sampler) -> Result<&[u32], Error> {
+        self.draw_on_device(sampler, 0)?;
+        Ok(&self.picks[..self.logits_rows()])
+    }
+
+    /// Draws logits rows `first..` into `self.picks` on the device; rows its sampler leaves to
+    /// the host are copied back and drawn there with their requests' uniform numbers.
+    fn draw_on_device(&mut self, sampler: &mut Sampler, first: usize) -> Result<(), Error> {
+        let rows = self.logits_rows();
+        let fed_before = self.tokens.len() - rows;
+        self.requests.clear();
+        self.penalised.clear();
+        for row in first..rows {
+            let history = &self.tokens[..fed_before + row + 1];
+            let request = sampler.row_sampling(row, history, &[], &mut self.penalised);
+            self.requests.push(request);
+        }
+        self.drawn.clear();
+        self.drawn.resize(self.requests.len(), None);
+        let backend = self.model.backend();
+        backend.sample_rows(
+            self.workspace.logits_mut(),
+            &self.requests,
+            &self.penalised,
+            &mut self.drawn,
+        )?;
+        for (request, drawn) in self.requests.iter().zip(&self.drawn) {
+            self.picks[request.row] = drawn.unwrap_or(0);
+        }
+        if self.drawn.iter().all(Option::is_some) {
+            return Ok(());
+        }
+        let vocab = self.model.config().vocab;
+        let logits = &mut self.logits[..rows * vocab];
+        backend.read_rows(self.workspace.logits(), rows, logits)?;
+        for (request, drawn) in self.requests.iter().zip(&self.drawn) {
+            if drawn.is_none() {
+                let row = &logits[request.row * vocab..(request.row + 1) * vocab];
+                self.picks[request.row] = sampler.sample_penalised(row, request.uniform);
+            }
+        }
+        Ok(())
     }
 
     /// Chooses the next token on the host from the logits of the last token fed, copied back,

@@ -828,7 +828,7 @@ fn the_device_sampler_draws_what_the_host_sampler_draws() {
             let requests: Vec<_> = (0..DRAWS)
                 .map(|i| lucebox_backend::RowSampling {
                     uniform: (i as f64 + 0.5) / DRAWS as f64,
-                    ..Sampler::new(params.clone()).row_sampling(i, &history, &mut penalised)
+                    ..Sampler::new(params.clone()).row_sampling(i, &history, &[], &mut penalised)
                 })
                 .collect();
             let mut tokens = vec![None; DRAWS];
@@ -956,5 +956,100 @@ fn sampled_generation_on_the_device_equals_the_host_s_draws() {
     println!(
         "{} sequences x 48 sampled tokens: the device's draws equal the host's, alone and batched",
         prompts.len()
+    );
+}
+
+/// The tokens `generator` samples with `params` after `prompt`, and what speculation did.
+fn sampled<G: Generator>(
+    generator: &mut G,
+    prompt: &[u32],
+    params: &SamplingParams,
+    tokens: usize,
+) -> (Vec<u32>, SpecStats) {
+    let mut out = Vec::new();
+    let (_, spec) = generator
+        .generate(
+            prompt,
+            &mut Sampler::new(params.clone()),
+            tokens,
+            &|_| false,
+            &mut |t| {
+                out.push(t);
+                ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+    (out, spec.unwrap_or_default())
+}
+
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn sampled_ngram_speculation_draws_on_the_device_what_the_host_draws() {
+    // The device draws every row of an n-gram draft's verify pass at once, the host one row at
+    // a time from the rows copied back, with penalties whose window runs into the draft: the
+    // same seeds give the same tokens, alone and batched. Drafts of a fixed length make every
+    // round of a sequence the same alone and in a batch, and so its uniform numbers.
+    let file = open(TARGET);
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
+    let target = on(&gpu(), &file);
+    let policy = DraftPolicy::Fixed(4);
+    let params = |seed: u64| SamplingParams {
+        temperature: 0.7,
+        top_p: 0.95,
+        top_k: 100,
+        presence_penalty: 0.3,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let mut speculator = Speculator::new(
+        Arc::clone(&target),
+        config(),
+        Box::<NgramDrafter>::default(),
+        policy,
+    )
+    .unwrap();
+    let run = |speculator: &mut Speculator<GpuBackend>, on_host: bool| {
+        speculator.set_host_sampling(on_host);
+        prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| sampled(speculator, p, &params(i as u64), 64))
+            .collect::<Vec<_>>()
+    };
+    let on_host = run(&mut speculator, true);
+    let on_device = run(&mut speculator, false);
+    let mut spec = SpecStats::default();
+    on_device.iter().for_each(|(_, s)| spec.add(s));
+    let tokens = |runs: Vec<(Vec<u32>, SpecStats)>| -> Vec<Vec<u32>> {
+        runs.into_iter().map(|(tokens, _)| tokens).collect()
+    };
+    let expected = tokens(on_host);
+    assert_eq!(tokens(on_device), expected, "one sequence at a time");
+    assert!(
+        spec.accepted_tokens() > 0 && spec.accepted_tokens() < spec.drafted_tokens(),
+        "drafts should be both accepted and rejected: {} of {}",
+        spec.accepted_tokens(),
+        spec.drafted_tokens()
+    );
+    let mut batcher = Batcher::new(
+        Arc::clone(&target),
+        batch_config(prompts.len()),
+        Box::new(|_| false),
+        Some((Box::<NgramDrafter>::default(), policy)),
+    )
+    .unwrap();
+    let requests: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.clone(), params(i as u64), 64))
+        .collect();
+    let (together, _) = common::run_together(&mut batcher, &requests);
+    assert_eq!(tokens(together), expected, "batched");
+    println!(
+        "{} sequences x 64 sampled tokens, n-gram drafts of 4 ({} of {} accepted): the \
+         device's draws equal the host's, alone and batched",
+        prompts.len(),
+        spec.accepted_tokens(),
+        spec.drafted_tokens()
     );
 }

@@ -22,9 +22,9 @@ pub(crate) struct BenchArgs {
     /// --temperature is given).
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
-    /// Sample the decode test at this temperature (with --serve: every request). Where the
-    /// backend samples on the device, the decode test also runs sampling on the host, to
-    /// compare.
+    /// Sample the decode test at this temperature (with --serve: every request; with --spec:
+    /// every mode). Where the backend samples on the device, the decode test also runs
+    /// sampling on the host, and --spec verifies n-gram drafts on the host too, to compare.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
     /// With --temperature: keep the most likely tokens whose probabilities reach this.
@@ -149,10 +149,21 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// Loads the model on `backend` and runs the benchmark `args` ask for.
 fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> anyhow::Result<()> {
     let target = load_model(model_arg, backend, args.activations.into()).context("--model")?;
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        seed: Some(0),
+        ..SamplingParams::default()
+    };
+    params
+        .validate()
+        .context("--temperature, --top-p, --top-k")?;
     if args.spec {
         return crate::spec_bench::run(
             &target,
             crate::spec_bench::SpecBenchArgs {
+                params,
                 draft: args.draft.as_deref(),
                 draft_tokens: args.draft_tokens,
                 fixed_draft: args.fixed_draft,
@@ -194,16 +205,6 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
     let prompt: Vec<u32> = (0..args.prompt_tokens)
         .map(|_| (rng.next_u64() % vocab) as u32)
         .collect();
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        seed: Some(0),
-        ..SamplingParams::default()
-    };
-    params
-        .validate()
-        .context("--temperature, --top-p, --top-k")?;
     // Sampled on the device, the same decode also runs with the host's sampler, to compare.
     let host_too = !params.is_plain_greedy() && session.model().backend().samples_rows();
     let mut sampler = Sampler::new(params);

@@ -51,13 +51,17 @@ struct Run {
     acceptance_rate: Option<f64>,
     mean_acceptance_length: Option<f64>,
     plain_steps: Option<u64>,
-    same_output_as_plain: bool,
+    /// Whether greedy decoding gave plain decoding's tokens (none when sampled: speculation
+    /// takes the seed's numbers in its own order).
+    same_output_as_plain: Option<bool>,
     /// Every timed run's rate, sorted.
     runs_tok_s: Vec<f64>,
 }
 
 /// The draft setting of a speculative mode.
 pub(crate) struct SpecBenchArgs<'a> {
+    /// Every mode's sampling (with a fixed seed, so that each run of a mode is the same).
+    pub params: SamplingParams,
     pub draft: Option<&'a str>,
     pub draft_tokens: usize,
     pub fixed_draft: bool,
@@ -79,13 +83,12 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
         context: args.context,
         ..SessionConfig::default()
     };
-    let speculative = |drafter: Box<dyn Drafter + Send>| -> anyhow::Result<Box<dyn Generator>> {
-        Ok(Box::new(Speculator::new(
-            Arc::clone(&target.model),
-            config,
-            drafter,
-            policy,
-        )?))
+    let speculative = |drafter: Box<dyn Drafter + Send>,
+                       host_sampling: bool|
+     -> anyhow::Result<Box<dyn Generator>> {
+        let mut speculator = Speculator::new(Arc::clone(&target.model), config, drafter, policy)?;
+        speculator.set_host_sampling(host_sampling);
+        Ok(Box::new(speculator))
     };
     let mut modes: Vec<(&'static str, Box<dyn Generator>)> = vec![(
         "plain",
@@ -96,9 +99,16 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
     )];
     if let Some(drafter) = &drafter {
         let model = ModelDrafter::new(Arc::clone(&drafter.model), args.context)?;
-        modes.push(("draft-model", speculative(Box::new(model))?));
+        modes.push(("draft-model", speculative(Box::new(model), false)?));
     }
-    modes.push(("ngram", speculative(Box::<NgramDrafter>::default())?));
+    modes.push(("ngram", speculative(Box::<NgramDrafter>::default(), false)?));
+    // Sampled where the logits are, n-gram drafts are verified there too: the same drafts
+    // verified on the host, from the rows copied back, show what that saves.
+    let greedy = args.params.is_plain_greedy();
+    if !greedy && target.model.backend().samples_rows() {
+        let ngram = speculative(Box::<NgramDrafter>::default(), true)?;
+        modes.push(("ngram-host", ngram));
+    }
 
     let mut runs = Vec::new();
     for prompt in &prompts {
@@ -106,7 +116,7 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
             .with_context(|| format!("prompt {}", prompt.name))?;
         for (_, generator) in &mut modes {
             // A short untimed run first faults in this mode's weights and sizes its buffers.
-            let _ = generate(generator.as_mut(), &ids, 4, &tokenizer)?;
+            let _ = generate(generator.as_mut(), &ids, 4, &args.params, &tokenizer)?;
         }
         // Repetitions go round the modes, so that a slow spell of this shared machine falls on
         // every mode alike rather than on one.
@@ -115,8 +125,13 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
         for _ in 0..args.repetitions {
             last.clear();
             for ((_, generator), rates) in modes.iter_mut().zip(&mut rates) {
-                let (output, seconds, spec) =
-                    generate(generator.as_mut(), &ids, prompt.max_tokens, &tokenizer)?;
+                let (output, seconds, spec) = generate(
+                    generator.as_mut(),
+                    &ids,
+                    prompt.max_tokens,
+                    &args.params,
+                    &tokenizer,
+                )?;
                 rates.push(output.len().saturating_sub(1) as f64 / seconds);
                 last.push((output, spec));
             }
@@ -134,7 +149,7 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
                 acceptance_rate: spec.as_ref().map(SpecStats::acceptance_rate),
                 mean_acceptance_length: spec.as_ref().map(SpecStats::mean_acceptance_length),
                 plain_steps: spec.as_ref().map(|s| s.plain_steps),
-                same_output_as_plain: *output == plain_output,
+                same_output_as_plain: greedy.then(|| *output == plain_output),
                 runs_tok_s: rates.clone(),
             });
         }
@@ -164,6 +179,7 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
             "model": target.label,
             "draft": args.draft,
             "policy": format!("{policy:?}"),
+            "sampling": format!("{:?}", args.params),
             "repetitions": args.repetitions,
             "runs": runs,
             "measured_costs": costs,
@@ -171,9 +187,18 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
         println!("{report}");
     } else {
         println!(
-            "model {}, draft {}, {policy:?}, median of {} runs",
+            "model {}, draft {}, {policy:?}, {}, median of {} runs",
             target.label,
             args.draft.unwrap_or("none"),
+            if greedy {
+                "greedy".to_string()
+            } else {
+                let p = &args.params;
+                format!(
+                    "sampled (temperature {}, top-p {}, top-k {})",
+                    p.temperature, p.top_p, p.top_k
+                )
+            },
             args.repetitions
         );
         println!(
@@ -193,7 +218,11 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
                 opt(r.acceptance_rate, 1.0),
                 opt(r.mean_acceptance_length, 1.0),
                 r.plain_steps.map_or("-".into(), |n| n.to_string()),
-                if r.same_output_as_plain { "yes" } else { "NO" },
+                match r.same_output_as_plain {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "-",
+                },
             );
         }
         println!("what each mode's draft-length control measured, over all prompts:");
@@ -201,7 +230,7 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
             println!("  {mode}: {costs}");
         }
     }
-    if let Some(r) = runs.iter().find(|r| !r.same_output_as_plain) {
+    if let Some(r) = runs.iter().find(|r| r.same_output_as_plain == Some(false)) {
         bail!(
             "{} with {} produced other tokens than plain greedy decoding",
             r.prompt,
@@ -217,15 +246,16 @@ fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
-/// Greedy generation of up to `max_tokens`; the output, the seconds after the first token,
-/// and speculation's statistics.
+/// Generation of up to `max_tokens` with `params`; the output, the seconds after the first
+/// token, and speculation's statistics.
 fn generate(
     generator: &mut dyn Generator,
     prompt: &[u32],
     max_tokens: usize,
+    params: &SamplingParams,
     tokenizer: &Tokenizer,
 ) -> anyhow::Result<(Vec<u32>, f64, Option<SpecStats>)> {
-    let mut sampler = Sampler::new(SamplingParams::default());
+    let mut sampler = Sampler::new(params.clone());
     let mut output = Vec::new();
     let (stats, spec) = generator.generate(
         prompt,

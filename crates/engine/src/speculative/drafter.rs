@@ -62,6 +62,14 @@ impl Draft {
         self.tokens.is_empty()
     }
 
+    /// Whether every token was proposed with certainty: then the target's own draw at each
+    /// row decides ([`accept`](super::accept)).
+    pub fn is_certain(&self) -> bool {
+        self.from[..self.tokens.len()]
+            .iter()
+            .all(Distribution::is_certain)
+    }
+
     /// The distribution the `i`-th token was drawn from.
     pub fn distribution(&self, i: usize) -> &Distribution {
         &self.from[..self.tokens.len()][i]

@@ -85,6 +85,8 @@ pub struct Speculator<B: Backend> {
     verify: Vec<u32>,
     /// Vocabulary-sized zeros, scratch for rejection sampling.
     dense: Vec<f32>,
+    /// [`set_host_sampling`](Self::set_host_sampling).
+    host_sampling: bool,
 }
 
 impl<B: Backend> std::fmt::Debug for Speculator<B> {
@@ -131,7 +133,15 @@ impl<B: Backend> Speculator<B> {
             sequence: Vec::with_capacity(context),
             verify: Vec::with_capacity(longest + 1),
             dense: vec![0.0; vocab],
+            host_sampling: false,
         })
+    }
+
+    /// Samples and verifies on the host, from the logits rows copied back, even where the
+    /// backend draws tokens on the device ([`Backend::samples_rows`]): the baseline to measure
+    /// the device against. The same seed gives the same tokens either way.
+    pub fn set_host_sampling(&mut self, on: bool) {
+        self.host_sampling = on;
     }
 
     /// The target's session: every token fed to it so far, and its KV cache.
@@ -179,7 +189,11 @@ impl<B: Backend> Speculator<B> {
         }
         self.drafter.start(sampler.params())?;
         let reused = self.target.feed_reusing(prompt)?;
-        let mut pending = self.target.sample(sampler)?;
+        let mut pending = if self.host_sampling {
+            self.target.sample_on_host(sampler)?
+        } else {
+            self.target.sample(sampler)?
+        };
         out.prefill_done(reused);
         let mut drafting = SequenceDrafting::new(self.policy, &self.costs);
         if !out.push(pending) {
@@ -235,8 +249,11 @@ impl<B: Backend> Speculator<B> {
         self.verify.extend_from_slice(self.draft.tokens());
         let base = self.target.tokens().len();
         self.target.feed_scored(&self.verify)?;
+        let on_device = !self.host_sampling && self.target.model().backend().samples_rows();
         let scores = if sampler.params().is_plain_greedy() {
             Scores::Picks(self.target.argmax_rows()?)
+        } else if on_device && self.draft.is_certain() {
+            Scores::Picks(self.target.draw_rows(sampler)?)
         } else {
             let (logits, tokens) = self.target.read_logits()?;
             Scores::Rows { logits, tokens }
@@ -354,7 +371,9 @@ pub(crate) fn run_drafter(
 /// The target's verdicts on a draft: the logits rows of the verify pass (the pending token's,
 /// then one per drafted token).
 pub(crate) enum Scores<'a> {
-    /// The most likely token of each row; enough for plain greedy sampling.
+    /// The target's own token at each row: its most likely one (plain greedy), or, for a
+    /// certain draft, its draw with one uniform number per row, as [`accept`] draws on the
+    /// host.
     Picks(&'a [u32]),
     /// The rows, vocabulary-sized, and the sequence through the last drafted token (the
     /// history penalties look at).
@@ -367,6 +386,14 @@ pub(crate) enum Scores<'a> {
 /// Decides how many of `draft`'s tokens the target accepts and which token follows them (a
 /// replacement for the first rejected one, or a bonus token after all of them): token for
 /// token the target's own choice when greedy, its own distribution when sampled.
+///
+/// A certain draft (n-gram lookup, a greedy drafter) is verified by drawing the target's token
+/// from each row and keeping the draft while they agree. That is rejection sampling for a
+/// proposal q with all its mass on the drafted token x: it is kept with probability p(x) =
+/// min(1, p(x) / q(x)), and a disagreeing draw is distributed as p without x, renormalised,
+/// which is max(p - q, 0) renormalised. One uniform number is taken per row, every row, also
+/// those after the first disagreement, because a device draws all of them at once
+/// ([`Scores::Picks`]): the same seed then gives the same tokens wherever they are drawn.
 pub(crate) fn accept(
     draft: &Draft,
     scores: Scores<'_>,
@@ -382,6 +409,21 @@ pub(crate) fn accept(
                 .take_while(|(d, p)| d == p)
                 .count();
             (accepted, picks[accepted])
+        }
+        Scores::Rows { logits, tokens } if draft.is_certain() => {
+            let drafted = draft.len();
+            let base = tokens.len() - 1 - drafted;
+            let mut outcome = None;
+            for (i, row) in logits.chunks_exact_mut(dense.len()).enumerate() {
+                let uniform = sampler.next_uniform();
+                if outcome.is_none() {
+                    let token = sampler.sample_with(row, &tokens[..base + 1 + i], uniform);
+                    if draft.tokens().get(i) != Some(&token) {
+                        outcome = Some((i, token));
+                    }
+                }
+            }
+            outcome.expect("the row after the draft has no drafted token to agree with")
         }
         Scores::Rows { logits, tokens } => {
             let drafted = draft.len();
@@ -464,6 +506,64 @@ impl Round {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SamplingParams;
+
+    #[test]
+    fn a_certain_draft_is_verified_by_the_target_s_own_draw_at_each_row() {
+        // Three rows of four tokens verify a draft of two. Whatever the seed, the outcome is
+        // drawing each row in turn and keeping the draft while it agrees, and the round takes
+        // one uniform number per row, the rows after a disagreement too, as a device drawing
+        // them all at once does. The first token out is then the first row's draw, so it is
+        // distributed as the target's own.
+        let rows = [
+            [1.0f32, 0.5, -0.5, 0.0],
+            [0.2, 1.5, 0.0, -1.0],
+            [0.0, 0.0, 1.0, 0.3],
+        ];
+        let params = |seed| SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            presence_penalty: 0.4,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        let mut draft = Draft::default();
+        draft.push_certain(0);
+        draft.push_certain(1);
+        assert!(draft.is_certain());
+        // The history before the pending token (2), then the draft.
+        let tokens = [3, 1, 2, 0, 1];
+        let mut outcomes = [0; 3];
+        for seed in 0..300 {
+            let mut sampler = Sampler::new(params(seed));
+            let mut logits = rows.concat();
+            let scores = Scores::Rows {
+                logits: &mut logits,
+                tokens: &tokens,
+            };
+            let (accepted, next) = accept(&draft, scores, &mut sampler, &mut [0.0; 4]);
+            let mut reference = Sampler::new(params(seed));
+            let drawn: Vec<u32> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, row)| reference.sample(&mut row.to_vec(), &tokens[..3 + i]))
+                .collect();
+            let agreed = draft
+                .tokens()
+                .iter()
+                .zip(&drawn)
+                .take_while(|(d, t)| d == t)
+                .count();
+            assert_eq!((accepted, next), (agreed, drawn[agreed]), "seed {seed}");
+            assert_eq!(
+                sampler.next_uniform(),
+                reference.next_uniform(),
+                "seed {seed}"
+            );
+            outcomes[accepted] += 1;
+        }
+        assert!(outcomes.iter().all(|&n| n > 0), "{outcomes:?}");
+    }
 
     /// A round that drafted two tokens, both accepted, after catching up on `caught_up`.
     fn round(caught_up: usize, catch_up: u64, propose: u64) -> Round {
