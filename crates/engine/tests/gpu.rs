@@ -78,11 +78,21 @@ fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn greedy<G: Generator>(generator: &mut G, prompt: &[u32], tokens: usize) -> Vec<u32> {
+    generated(generator, prompt, &SamplingParams::default(), tokens).0
+}
+
+/// The tokens `generator` chooses with `params` after `prompt`, and what speculation did.
+fn generated<G: Generator>(
+    generator: &mut G,
+    prompt: &[u32],
+    params: &SamplingParams,
+    tokens: usize,
+) -> (Vec<u32>, SpecStats) {
     let mut out = Vec::new();
-    generator
+    let (_, spec) = generator
         .generate(
             prompt,
-            &mut Sampler::new(SamplingParams::default()),
+            &mut Sampler::new(params.clone()),
             tokens,
             &|_| false,
             &mut |t| {
@@ -91,7 +101,19 @@ fn greedy<G: Generator>(generator: &mut G, prompt: &[u32], tokens: usize) -> Vec
             },
         )
         .unwrap();
-    out
+    (out, spec.unwrap_or_default())
+}
+
+/// Sampling with every kind of transform: temperature, top-p, top-k and a penalty.
+fn sampling(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 100,
+        presence_penalty: 0.3,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    }
 }
 
 /// A batcher's room for `sequences` of the test prompts.
@@ -908,39 +930,16 @@ fn sampled_generation_on_the_device_equals_the_host_s_draws() {
     let file = open(TARGET);
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
     let target = on(&gpu(), &file);
-    let params = |seed: u64| SamplingParams {
-        temperature: 0.8,
-        top_p: 0.95,
-        top_k: 100,
-        presence_penalty: 0.3,
-        seed: Some(seed),
-        ..SamplingParams::default()
-    };
     let mut session = Session::new(Arc::clone(&target), config()).unwrap();
     let expected: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| sampled_on_the_host(&mut session, p, &params(i as u64), 48))
+        .map(|(i, p)| sampled_on_the_host(&mut session, p, &sampling(i as u64), 48))
         .collect();
     let alone: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            let mut out = Vec::new();
-            session
-                .generate(
-                    p,
-                    &mut Sampler::new(params(i as u64)),
-                    48,
-                    |_| false,
-                    &mut |t| {
-                        out.push(t);
-                        ControlFlow::Continue(())
-                    },
-                )
-                .unwrap();
-            out
-        })
+        .map(|(i, p)| generated(&mut session, p, &sampling(i as u64), 48).0)
         .collect();
     assert_eq!(alone, expected, "one sequence at a time");
     let config = batch_config(prompts.len());
@@ -948,7 +947,7 @@ fn sampled_generation_on_the_device_equals_the_host_s_draws() {
     let requests: Vec<_> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| (p.clone(), params(i as u64), 48))
+        .map(|(i, p)| (p.clone(), sampling(i as u64), 48))
         .collect();
     let (together, _) = common::run_together(&mut batcher, &requests);
     let together: Vec<Vec<u32>> = together.into_iter().map(|(tokens, _)| tokens).collect();
@@ -957,29 +956,6 @@ fn sampled_generation_on_the_device_equals_the_host_s_draws() {
         "{} sequences x 48 sampled tokens: the device's draws equal the host's, alone and batched",
         prompts.len()
     );
-}
-
-/// The tokens `generator` samples with `params` after `prompt`, and what speculation did.
-fn sampled<G: Generator>(
-    generator: &mut G,
-    prompt: &[u32],
-    params: &SamplingParams,
-    tokens: usize,
-) -> (Vec<u32>, SpecStats) {
-    let mut out = Vec::new();
-    let (_, spec) = generator
-        .generate(
-            prompt,
-            &mut Sampler::new(params.clone()),
-            tokens,
-            &|_| false,
-            &mut |t| {
-                out.push(t);
-                ControlFlow::Continue(())
-            },
-        )
-        .unwrap();
-    (out, spec.unwrap_or_default())
 }
 
 #[test]
@@ -993,14 +969,6 @@ fn sampled_ngram_speculation_draws_on_the_device_what_the_host_draws() {
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
     let target = on(&gpu(), &file);
     let policy = DraftPolicy::Fixed(4);
-    let params = |seed: u64| SamplingParams {
-        temperature: 0.7,
-        top_p: 0.95,
-        top_k: 100,
-        presence_penalty: 0.3,
-        seed: Some(seed),
-        ..SamplingParams::default()
-    };
     let mut speculator = Speculator::new(
         Arc::clone(&target),
         config(),
@@ -1013,7 +981,7 @@ fn sampled_ngram_speculation_draws_on_the_device_what_the_host_draws() {
         prompts
             .iter()
             .enumerate()
-            .map(|(i, p)| sampled(speculator, p, &params(i as u64), 64))
+            .map(|(i, p)| generated(speculator, p, &sampling(i as u64), 64))
             .collect::<Vec<_>>()
     };
     let on_host = run(&mut speculator, true);
@@ -1041,7 +1009,7 @@ fn sampled_ngram_speculation_draws_on_the_device_what_the_host_draws() {
     let requests: Vec<_> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| (p.clone(), params(i as u64), 64))
+        .map(|(i, p)| (p.clone(), sampling(i as u64), 64))
         .collect();
     let (together, _) = common::run_together(&mut batcher, &requests);
     assert_eq!(tokens(together), expected, "batched");
