@@ -628,8 +628,8 @@ impl<B: Backend> Batcher<B> {
             }
         }
         let left_to_host = self.device_picks.iter().any(Option::is_none);
+        let vocab = self.model.config().vocab;
         if read || left_to_host {
-            let vocab = self.model.config().vocab;
             backend.read_rows(
                 self.workspace.logits(),
                 rows,
@@ -637,7 +637,6 @@ impl<B: Backend> Batcher<B> {
             )?;
         }
         if left_to_host {
-            let vocab = self.model.config().vocab;
             for ((request, &entry), &token) in self
                 .device_rows
                 .iter()
