@@ -73,15 +73,57 @@ static __device__ __forceinline__ float zero_after(const unsigned *words) {
     return __int_as_float(all & 0x007FFFFFu) * 0.0f;
 }
 
-// One block per (token, query head) of heads of 32 * PER_LANE dimensions, of as many warps as
-// the launch has (the host profile's attention_warps), over positions 0..=position of the
-// token's sequence, whose block table starts at block_ids[table_offsets[t]]. The positions go
-// in tiles of 32, warp w of W taking tiles w, w + W, ...: each lane scores one position of the
-// tile (a whole K row against q, held in shared memory), the warp updates its online softmax
-// once per tile, and each lane accumulates V over the tile for its own PER_LANE dimensions. The
-// warps' partial results are merged in a fixed order, so a token's output depends only on its
-// own sequence. With `quantized.hi` set, the output is also quantized for the output
-// projection.
+// The most ranges a token's positions are cut into (ATTENTION_SPLITS in
+// crates/backend/src/gpu/mod.rs).
+#define ATTENTION_SPLITS 8
+
+// How many tiles of 32 positions a range of a token with `tiles` tiles takes: an eighth of them,
+// rounded up to a multiple of the block's warps, so that in a block that takes the ranges in
+// turn every warp has a tile in each range but the last (attention_range_tiles in
+// crates/backend/src/gpu/mod.rs).
+static __device__ __forceinline__ unsigned range_tiles(unsigned tiles, unsigned warps) {
+    const unsigned eighth = (tiles + ATTENTION_SPLITS - 1) / ATTENTION_SPLITS;
+    return (eighth + warps - 1) / warps * warps;
+}
+
+// The factor that brings a result whose maximum score is m to the maximum `to` (0 for one that
+// saw no position).
+static __device__ __forceinline__ float rescale(float m, float to) {
+    return m == -INFINITY ? 0.0f : __expf(m - to);
+}
+
+// Folds a softmax result (maximum m, sum s, this lane's values a) into (max, sum, acc).
+template <int PER_LANE>
+static __device__ __forceinline__ void fold(float &max, float &sum, float (&acc)[PER_LANE], float m,
+                                            float s, const float (&a)[PER_LANE]) {
+    const float to = fmaxf(max, m);
+    const float old_factor = rescale(max, to), new_factor = rescale(m, to);
+    sum = sum * old_factor + s * new_factor;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+        acc[i] = acc[i] * old_factor + a[i] * new_factor;
+    }
+    max = to;
+}
+
+// Attention of each (token, query head) of heads of 32 * PER_LANE dimensions over positions
+// 0..=position of the token's sequence, whose block table starts at
+// block_ids[table_offsets[t]], in blocks of as many warps as the launch has (the host profile's
+// attention_warps). The positions go in tiles of 32, cut into ranges of range_tiles() tiles,
+// which depend on the position alone. Warp w of W takes tiles w, w + W, ... of each range: each
+// lane scores one position of the tile (a whole K row against q, held in shared memory), the
+// warp updates its online softmax once per tile, and each lane accumulates V over the tile for
+// its own PER_LANE dimensions. A warp's results for the ranges, in range order, are folded into
+// its own, and the warps' are merged in a fixed order.
+//
+// A head has `blocks_per_head` blocks: one range each, so that a long sequence's K and V stream
+// through as many SMs (decode and short verify passes, which have few blocks otherwise), or a
+// lone block that takes every range (passes that fill the GPU without splitting). A lone block's
+// warps fold each range's result as they finish it; split blocks write their warps' results to
+// `parts`, and the last of a head's blocks to arrive (counted in `arrivals`, which it sets back
+// to 0) folds them. The same arithmetic either way, so a token's output depends only on its own
+// sequence, whatever the batch or the pass. With `quantized.hi` set, the output is also
+// quantized for the output projection.
 //
 // A decode step's attention is a chain of dependent loads (the sequence's table, its slots, K,
 // V) in a dozen blocks, so the kernel is written for few round trips: the table's loads are in
@@ -92,81 +134,152 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
                                        const __half *v_cache, const unsigned *positions,
                                        const unsigned *table_offsets, const unsigned *block_ids,
                                        int block_tokens, int heads, int kv_heads, float scale,
+                                       int blocks_per_head, float *parts, unsigned *arrivals,
                                        float *out, QuantizedOut quantized) {
     constexpr int HEAD_DIM = PER_LANE * WARP_SIZE;
+    // A warp's result for a range in `parts`: the maximum, the sum, then HEAD_DIM values.
+    constexpr int PART = HEAD_DIM + 2;
     __shared__ float q_shared[HEAD_DIM];
     __shared__ float acc_shared[ATTENTION_MAX_WARPS][HEAD_DIM];
     __shared__ float max_shared[ATTENTION_MAX_WARPS], sum_shared[ATTENTION_MAX_WARPS];
     __shared__ float factor_shared[ATTENTION_MAX_WARPS];
+    __shared__ unsigned arrived;
     AFTER_PREVIOUS_KERNEL();
-    const int t = blockIdx.x / heads, head = blockIdx.x % heads;
+    const int token_head = blockIdx.x / blocks_per_head;
+    const int t = token_head / heads, head = token_head % heads;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
-    const int kv_head = head / (heads / kv_heads);
-    const int kv_width = kv_heads * HEAD_DIM;
-    const unsigned last = positions[t];
-    const unsigned *table = block_ids + table_offsets[t];
     const size_t q_row = (size_t)t * heads * HEAD_DIM + (size_t)head * HEAD_DIM;
+    // q's and the table's loads go out with the position's, before anything waits for it.
     for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
         q_shared[d] = q[q_row + d] * scale;
     }
+    const unsigned *table = block_ids + table_offsets[t];
+    const unsigned last = positions[t];
+    const unsigned tiles = last / 32 + 1;
+    const unsigned per_range = range_tiles(tiles, warps);
+    const unsigned used = (tiles + per_range - 1) / per_range;
+    const unsigned block_range = blockIdx.x % blocks_per_head;
+    if (block_range >= used) {
+        return;
+    }
+    const bool alone = blocks_per_head == 1 || used == 1;
+    const unsigned first_range = alone ? 0 : block_range;
+    const unsigned end_range = alone ? used : block_range + 1;
+    const int kv_head = head / (heads / kv_heads);
+    const int kv_width = kv_heads * HEAD_DIM;
     __syncthreads();
+    // The warp's result over the ranges it has finished, and over the tiles of its current one.
     float max = -INFINITY, sum = 0.0f, acc[PER_LANE] = {0};
-    for (unsigned tile = 32u * warp; tile <= last; tile += 32u * warps) {
-        const unsigned p = tile + lane;
-        const bool valid = p <= last;
-        unsigned slot = 0;
-        float score = -INFINITY;
-        if (valid) {
-            slot = table[p / block_tokens] * block_tokens + p % block_tokens;
-            const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
-            unsigned row[HEAD_DIM / 2];
-            load_half_words<HEAD_DIM>(k, row);
-            score = zero_after<HEAD_DIM / 2>(row);
+    float range_max = -INFINITY, range_sum = 0.0f, range_acc[PER_LANE] = {0};
+    const unsigned first_tile = first_range * per_range;
+    const unsigned end_tile = min(tiles, end_range * per_range);
+    for (unsigned tile_index = first_tile + warp; tile_index < end_tile; tile_index += warps) {
+        const unsigned tile = 32u * tile_index;
+            const unsigned p = tile + lane;
+            const bool valid = p <= last;
+            unsigned slot = 0;
+            float score = -INFINITY;
+            if (valid) {
+                slot = table[p / block_tokens] * block_tokens + p % block_tokens;
+                const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
+                unsigned row[HEAD_DIM / 2];
+                load_half_words<HEAD_DIM>(k, row);
+                score = zero_after<HEAD_DIM / 2>(row);
 #pragma unroll
-            for (int d = 0; d < HEAD_DIM; d += 2) {
-                const float2 f = __half22float2(*(const __half2 *)&row[d / 2]);
-                score += q_shared[d] * f.x + q_shared[d + 1] * f.y;
+                for (int d = 0; d < HEAD_DIM; d += 2) {
+                    const float2 f = __half22float2(*(const __half2 *)&row[d / 2]);
+                    score += q_shared[d] * f.x + q_shared[d + 1] * f.y;
+                }
             }
-        }
-        const float new_max = fmaxf(max, warp_max(score));
-        const float correction = __expf(max - new_max);
-        const float weight = valid ? __expf(score - new_max) : 0.0f;
-        sum = sum * correction + warp_sum(weight);
+            const float new_max = fmaxf(range_max, warp_max(score));
+            const float correction = __expf(range_max - new_max);
+            const float weight = valid ? __expf(score - new_max) : 0.0f;
+            range_sum = range_sum * correction + warp_sum(weight);
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) {
-            acc[i] *= correction;
-        }
-        const int count = min(32, (int)(last - tile) + 1);
-        // The V rows of a group of positions, this lane's dimensions of each, all loaded before
-        // any is used (past the sequence's end those of slot 0, a lane's slot there); only the
-        // sequence's positions are added. A group's words fill at most 64 registers.
-        constexpr int WORDS = (PER_LANE + 1) / 2;
-        constexpr int GROUP = 64 / WORDS < WARP_SIZE ? 64 / WORDS : WARP_SIZE;
-#pragma unroll
-        for (int j0 = 0; j0 < WARP_SIZE; j0 += GROUP) {
-            unsigned v[GROUP * WORDS];
-#pragma unroll
-            for (int j = 0; j < GROUP; j++) {
-                load_half_words<PER_LANE>(v_cache + (size_t)SHFL(slot, j0 + j) * kv_width +
-                                              (size_t)kv_head * HEAD_DIM +
-                                              (size_t)lane * PER_LANE,
-                                          v + j * WORDS);
+            for (int i = 0; i < PER_LANE; i++) {
+                range_acc[i] *= correction;
             }
-            const float zero = zero_after<GROUP * WORDS>(v);
+            const int count = min(32, (int)(last - tile) + 1);
+            // The V rows of a group of positions, this lane's dimensions of each, all loaded
+            // before any is used (past the sequence's end those of slot 0, a lane's slot there);
+            // only the sequence's positions are added. A group's words fill at most 64 registers.
+            constexpr int WORDS = (PER_LANE + 1) / 2;
+            constexpr int GROUP = 64 / WORDS < WARP_SIZE ? 64 / WORDS : WARP_SIZE;
 #pragma unroll
-            for (int j = 0; j < GROUP; j++) {
-                // The weights are at least +0, so adding +0 changes none.
-                const float w = SHFL(weight, j0 + j) + zero;
-                if (j0 + j < count) {
+            for (int j0 = 0; j0 < WARP_SIZE; j0 += GROUP) {
+                unsigned v[GROUP * WORDS];
 #pragma unroll
-                    for (int i = 0; i < PER_LANE; i++) {
-                        acc[i] += w * half_at(v + j * WORDS, i);
+                for (int j = 0; j < GROUP; j++) {
+                    load_half_words<PER_LANE>(v_cache + (size_t)SHFL(slot, j0 + j) * kv_width +
+                                                  (size_t)kv_head * HEAD_DIM +
+                                                  (size_t)lane * PER_LANE,
+                                              v + j * WORDS);
+                }
+                const float zero = zero_after<GROUP * WORDS>(v);
+#pragma unroll
+                for (int j = 0; j < GROUP; j++) {
+                    // The weights are at least +0, so adding +0 changes none.
+                    const float w = SHFL(weight, j0 + j) + zero;
+                    if (j0 + j < count) {
+#pragma unroll
+                        for (int i = 0; i < PER_LANE; i++) {
+                            range_acc[i] += w * half_at(v + j * WORDS, i);
+                        }
                     }
                 }
             }
+            range_max = new_max;
+            // A lone block's warp folds each range's result once it has its last tile (a range
+            // without tiles of the warp's would fold as nothing: (-inf, 0, 0)).
+            const unsigned next = tile_index + warps;
+            if (alone && (next >= end_tile || next / per_range != tile_index / per_range)) {
+                fold(max, sum, acc, range_max, range_sum, range_acc);
+                range_max = -INFINITY;
+                range_sum = 0.0f;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; i++) {
+                    range_acc[i] = 0.0f;
+                }
+            }
         }
-        max = new_max;
+    if (!alone) {
+        float *part =
+            parts + (((size_t)token_head * ATTENTION_SPLITS + first_range) * warps + warp) * PART;
+        if (lane == 0) {
+            part[0] = range_max;
+            part[1] = range_sum;
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) {
+            part[2 + lane * PER_LANE + i] = range_acc[i];
+        }
+        // The results are visible to every block before this block's arrival counts.
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            arrived = atomicAdd(&arrivals[token_head], 1u);
+        }
+        __syncthreads();
+        if (arrived != used - 1) {
+            return;
+        }
+        __threadfence();
+        if (threadIdx.x == 0) {
+            arrivals[token_head] = 0;
+        }
+        // Every block's results are there: each warp folds its own in range order, read through
+        // volatile (past this SM's cache, for those other blocks wrote).
+        for (unsigned range = 0; range < used; range++) {
+            const volatile float *part =
+                parts + (((size_t)token_head * ATTENTION_SPLITS + range) * warps + warp) * PART;
+            float range_acc[PER_LANE];
+#pragma unroll
+            for (int i = 0; i < PER_LANE; i++) {
+                range_acc[i] = part[2 + lane * PER_LANE + i];
+            }
+            fold(max, sum, acc, part[0], part[1], range_acc);
+        }
     }
     if (lane == 0) {
         max_shared[warp] = max;
@@ -182,9 +295,7 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
         for (int w = 0; w < warps; w++) {
             total_max = fmaxf(total_max, max_shared[w]);
         }
-        // A warp that saw no position has max -inf and contributes nothing.
-        const float m = max_shared[threadIdx.x];
-        factor_shared[threadIdx.x] = m == -INFINITY ? 0.0f : __expf(m - total_max);
+        factor_shared[threadIdx.x] = rescale(max_shared[threadIdx.x], total_max);
     }
     __syncthreads();
     float total = 0.0f;
@@ -211,11 +322,11 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
         attention_##head_dim(                                                                  \
         const float *q, const __half *k_cache, const __half *v_cache,                          \
         const unsigned *positions, const unsigned *table_offsets, const unsigned *block_ids,   \
-        int block_tokens, int heads, int kv_heads, float scale, float *out,                    \
-        QuantizedOut quantized) {                                                              \
+        int block_tokens, int heads, int kv_heads, float scale, int blocks_per_head,           \
+        float *parts, unsigned *arrivals, float *out, QuantizedOut quantized) {                \
         attention_heads<head_dim / WARP_SIZE>(q, k_cache, v_cache, positions, table_offsets,   \
                                               block_ids, block_tokens, heads, kv_heads, scale,  \
-                                              out, quantized);                                  \
+                                              blocks_per_head, parts, arrivals, out, quantized);\
     }
 // Every multiple of 32 up to 256 (HEAD_DIMS in crates/backend/src/gpu/mod.rs).
 ATTENTION_INSTANCE(32)

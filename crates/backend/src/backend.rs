@@ -146,6 +146,9 @@ pub struct PassShape {
     pub tokens: usize,
     /// Tokens whose logits are kept.
     pub logits: usize,
+    /// What else the backend's launches depend on in the batch, as
+    /// [`Backend::set_batch`] returned it.
+    pub variant: u32,
 }
 
 /// The head geometry of attention.
@@ -236,10 +239,19 @@ pub trait Backend: Send + Sync + 'static {
     fn activations(&self, rows: usize, cols: usize) -> Result<Self::Activations, Error>;
     /// A KV cache pool.
     fn kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache, Error>;
-    /// A batch buffer of the given capacity for a model with the given rotary embedding.
-    fn batch(&self, capacity: BatchCapacity, rope: Rope) -> Result<Self::Batch, Error>;
+    /// A batch buffer of the given capacity for a model with the given rotary embedding and
+    /// attention (whose scratch, where a backend needs some, the batch holds).
+    fn batch(
+        &self,
+        capacity: BatchCapacity,
+        rope: Rope,
+        attention: AttentionShape,
+    ) -> Result<Self::Batch, Error>;
     /// Copies a batch description to the device. Fails if it exceeds the buffer's capacity.
-    fn set_batch(&self, dst: &mut Self::Batch, src: &RaggedBatch) -> Result<(), Error>;
+    /// Returns what the backend's launches for the batch depend on besides its size (the GPU's
+    /// attention: how many blocks share a head of its longest sequence), for
+    /// [`PassShape::variant`]; 0 where nothing does.
+    fn set_batch(&self, dst: &mut Self::Batch, src: &RaggedBatch) -> Result<u32, Error>;
 
     /// An empty set of recorded forward passes.
     fn recordings(&self) -> Self::Recordings;

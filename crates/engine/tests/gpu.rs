@@ -1,8 +1,10 @@
 //! The GPU backend against the CPU backend on the real models: logits within a stated bound,
 //! greedy continuations identical, speculative greedy output equal to plain greedy output on
 //! the device (alone, and with n-gram drafts verified for a batch at once), each sequence of a
-//! ragged batch getting exactly its own logits, and the tensor-core matmuls giving a row the
-//! same bits in every pass (`mmq` the matvec's, the streamed matmul its own).
+//! ragged batch getting exactly its own logits (long ones, whose attention splits, too), the
+//! tensor-core matmuls giving a row the same bits in every pass (`mmq` the matvec's, the
+//! streamed matmul its own), and sampling and its speculation drawing on the device what the
+//! host draws.
 //!
 //! Built with `--features cuda` (an NVIDIA GPU) or `--features hip` (an AMD RDNA GPU); run on
 //! a machine with that GPU and the models fetched
@@ -16,8 +18,8 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use lucebox_backend::{
-    ActivationPrecision, Backend, BatchCapacity, CpuBackend, GpuTuning, Projection, RaggedBatch,
-    Rope, RopeStyle,
+    ActivationPrecision, AttentionShape, Backend, BatchCapacity, CpuBackend, GpuTuning, Projection,
+    RaggedBatch, Rope, RopeStyle,
 };
 
 /// The backend under test: CUDA's when both are built.
@@ -363,12 +365,18 @@ fn embedded(
     <GpuBackend as Backend>::Batch,
     <GpuBackend as Backend>::Activations,
 ) {
-    // Only the embedding runs: the rotary tables go unused.
+    // Only the embedding runs: the rotary tables and attention's scratch go unused.
     const ROPE: Rope = Rope {
         style: RopeStyle::Neox,
         rotary_dims: 64,
         freq_base: 1e4,
         position_scale: 1.0,
+    };
+    const ATTENTION: AttentionShape = AttentionShape {
+        heads: 1,
+        kv_heads: 1,
+        head_dim: 64,
+        scale: 0.125,
     };
     let mut batch = RaggedBatch::new();
     let seq = batch.push_sequence(&[0]);
@@ -381,7 +389,7 @@ fn embedded(
         blocks: 1,
         logits: 1,
     };
-    let mut device_batch = gpu.batch(capacity, ROPE).unwrap();
+    let mut device_batch = gpu.batch(capacity, ROPE, ATTENTION).unwrap();
     gpu.set_batch(&mut device_batch, &batch).unwrap();
     let mut x = gpu.activations(ids.len(), cols).unwrap();
     gpu.embed(table, &device_batch, &mut x).unwrap();
@@ -728,6 +736,76 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
             .collect();
         common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
         println!("{tuning:?}: each sequence gets its own logits");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn long_sequences_attend_in_splits_within_the_bound_and_batch_invariant() {
+    // Past one tile of 32 positions per warp of a block, attention cuts a token's positions into
+    // up to 8 ranges, each warp's results for them folded in range order: the logits stay within
+    // the CPU's bound at every position of a 1,100-token sequence, each of three sequences (1,100,
+    // 300 and 40 tokens) gets exactly its own logits alone and batched with the others, and decode
+    // steps, whose heads spread over as many blocks as they have ranges, give the bits of one
+    // pass, whose heads take their ranges in turn. At 16 warps per block (ranges of 16 tiles: 3 of
+    // them at 1,100 positions) and at 3 (ranges of 6 tiles: 6 of them, the last of 5).
+    let file = open(TARGET);
+    let cpu = Arc::new(CpuBackend::new(None).unwrap());
+    let on_cpu = on(&cpu, &file);
+    let vocab = on_cpu.config().vocab;
+    let mut rng = Rng::seeded(11);
+    let sequences: Vec<Vec<u32>> = [1_100, 300, 40]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                .collect()
+        })
+        .collect();
+    let long = &sequences[0];
+    let reference = common::prefill_logits(&on_cpu, long);
+    for warps in [GpuTuning::DEFAULT.attention_warps, 3] {
+        let on_gpu = on(
+            &tuned(GpuTuning {
+                attention_warps: warps,
+                ..GpuTuning::DEFAULT
+            }),
+            &file,
+        );
+        let a = common::prefill_logits(&on_gpu, long);
+        let worst = a
+            .chunks_exact(vocab)
+            .zip(reference.chunks_exact(vocab))
+            .map(|(x, y)| relative_l2(x, y))
+            .fold(0.0f64, f64::max);
+        println!("{warps} warps: 1,100 positions within {worst:.2e} of the CPU");
+        assert!(
+            worst <= LOGITS_BOUND,
+            "{warps} warps: {worst:.2e} above {LOGITS_BOUND:.0e}"
+        );
+        common::assert_each_sequence_gets_its_own_logits(&on_gpu, &sequences);
+        println!(
+            "{warps} warps: 1,100, 300 and 40 tokens each get their own logits, alone and batched"
+        );
+        let config = SessionConfig {
+            context: 2_048,
+            prefill_chunk: 2_048,
+            ..SessionConfig::default()
+        };
+        let mut session = Session::new(Arc::clone(&on_gpu), config).unwrap();
+        session.feed(&long[..1_096]).unwrap();
+        let mut row = vec![0.0; vocab];
+        for i in 1_096..long.len() {
+            session.feed(&long[i..=i]).unwrap();
+            session.last_logits(&mut row).unwrap();
+            assert!(
+                row[..] == a[i * vocab..(i + 1) * vocab],
+                "{warps} warps, position {i}: a decode step differs from the same position in one pass"
+            );
+        }
+        println!(
+            "{warps} warps: positions 1,096 to 1,099 decoded one at a time give the bits of one pass"
+        );
     }
 }
 

@@ -225,7 +225,7 @@ impl<B: Backend> Model<B> {
         let logits_rows = capacity.logits;
         Ok(Workspace {
             buffers: Buffers {
-                batch: b.batch(capacity, c.rope)?,
+                batch: b.batch(capacity, c.rope, c.attention_shape())?,
                 x: b.activations(t, c.embedding)?,
                 normed: b.activations(t, c.embedding)?,
                 sublayer: b.activations(t, c.embedding)?,
@@ -262,11 +262,12 @@ impl<B: Backend> Model<B> {
             kv_layout.blocks,
             c.context_length,
         )?;
-        b.set_batch(&mut ws.buffers.batch, batch)?;
+        let variant = b.set_batch(&mut ws.buffers.batch, batch)?;
         let shape = PassShape {
             model: self.id,
             tokens: batch.len(),
             logits: batch.logits_rows().len(),
+            variant,
         };
         let buffers = &mut ws.buffers;
         b.run_pass(&mut ws.recordings, shape, kv, |kv| {

@@ -288,7 +288,12 @@ impl Backend for CpuBackend {
         Ok(CpuKvCache { layout, k, v })
     }
 
-    fn batch(&self, capacity: BatchCapacity, rope: Rope) -> Result<CpuBatch, Error> {
+    fn batch(
+        &self,
+        capacity: BatchCapacity,
+        rope: Rope,
+        _: AttentionShape,
+    ) -> Result<CpuBatch, Error> {
         let half_rot = rope.rotary_dims / 2;
         let mut batch = RaggedBatch::new();
         batch.tokens.reserve(capacity.tokens);
@@ -306,11 +311,11 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn set_batch(&self, dst: &mut CpuBatch, src: &RaggedBatch) -> Result<(), Error> {
+    fn set_batch(&self, dst: &mut CpuBatch, src: &RaggedBatch) -> Result<u32, Error> {
         checks::set_batch(src, dst.capacity)?;
         dst.batch.copy_from(src);
         dst.rope.tables(src.positions(), &mut dst.cos, &mut dst.sin);
-        Ok(())
+        Ok(0)
     }
 
     fn recordings(&self) {}
