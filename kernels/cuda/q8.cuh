@@ -23,18 +23,46 @@ struct QuantizedOut {
 // Below this largest magnitude a part is zero (crates/quant: 127 * f32::MIN_POSITIVE).
 #define SMALLEST_AMAX (127.0f * 1.17549435e-38f)
 
-// The sum of v over each half-warp (lanes 0..16 and 16..32); every lane gets its half's.
+// On CUDA from sm_80 (every architecture the build targets), a warp's integer sums and maxima
+// are one `redux` instruction each instead of a chain of shuffles, which the norms' and
+// silu_mul's quantization waits on group after group. Both are exact, so the bits are those of
+// the shuffles.
+#if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define WARP_REDUX 1
+#endif
+
+// The sum of quant v (at most 127 in magnitude) over each half-warp (lanes 0..16 and 16..32);
+// every lane gets its half's.
 static __device__ __forceinline__ int half_warp_sum(int v) {
+#ifdef WARP_REDUX
+    // The high half's quants count 65,536 times: the warp's sum is low + 65,536 * high, and
+    // each half's sum (at most 2,032 in magnitude) comes back exactly.
+    const bool high = threadIdx.x % WARP_SIZE >= 16;
+    const int both = __reduce_add_sync(0xffffffffu, high ? v * 65536 : v);
+    const int low = (short)(both & 0xffff);
+    return high ? (both - low) >> 16 : low;
+#else
 #pragma unroll
     for (int offset = 8; offset > 0; offset >>= 1) {
         v += SHFL_XOR(v, offset);
     }
     return v;
+#endif
+}
+
+// The largest magnitude of v over the warp.
+static __device__ __forceinline__ float warp_amax(float v) {
+#ifdef WARP_REDUX
+    // Non-negative floats order as their bits do.
+    return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v))));
+#else
+    return warp_max(fabsf(v));
+#endif
 }
 
 // One part of value v: its quant and the group's scale.
 static __device__ __forceinline__ int quantize_part(float v, float *scale) {
-    const float amax = warp_max(fabsf(v));
+    const float amax = warp_amax(v);
     if (amax < SMALLEST_AMAX) {
         *scale = 0.0f;
         return 0;
