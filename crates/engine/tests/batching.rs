@@ -17,12 +17,6 @@ use lucebox_engine::{
 
 const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
-fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
-    (0..n)
-        .map(|_| (rng.next_u64() % vocab as u64) as u32)
-        .collect()
-}
-
 /// The model at each activation precision, on one backend.
 fn at_each_precision() -> impl Iterator<Item = Arc<Model<CpuBackend>>> {
     let backend = Arc::new(CpuBackend::new(None).unwrap());
@@ -39,7 +33,7 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits() {
         let mut rng = Rng::seeded(11);
         let sequences: Vec<Vec<u32>> = [5, 23, 1, 40]
             .iter()
-            .map(|&n| random_tokens(&mut rng, n, vocab))
+            .map(|&n| common::random_tokens(&mut rng, n, vocab))
             .collect();
         common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
     }
@@ -55,7 +49,7 @@ fn decoding_one_token_at_a_time_equals_one_prefill() {
 
 fn decoding_one_token_at_a_time_equals_one_prefill_on(model: Arc<Model<CpuBackend>>) {
     let vocab = model.config().vocab;
-    let tokens = random_tokens(&mut Rng::seeded(12), 37, vocab);
+    let tokens = common::random_tokens(&mut Rng::seeded(12), 37, vocab);
     let prefill = common::prefill_logits(&model, &tokens);
     let mut session = Session::new(
         model.clone(),
@@ -181,7 +175,7 @@ fn batcher(
 /// to be prefilled in several chunks, sampled and greedy alike.
 fn mixed_requests(vocab: usize) -> Vec<Request> {
     let mut rng = Rng::seeded(21);
-    let shared = random_tokens(&mut rng, 40, vocab);
+    let shared = common::random_tokens(&mut rng, 40, vocab);
     let sampled = |seed| SamplingParams {
         temperature: 0.8,
         top_p: 0.9,
@@ -195,7 +189,7 @@ fn mixed_requests(vocab: usize) -> Vec<Request> {
         } else {
             Vec::new()
         };
-        prompt.extend(random_tokens(&mut rng, len, vocab));
+        prompt.extend(common::random_tokens(&mut rng, len, vocab));
         let params = if i % 3 == 1 {
             sampled(i as u64)
         } else {
@@ -303,7 +297,7 @@ fn a_stopped_sequence_frees_its_blocks_and_the_others_go_on() {
 
 /// A prompt that repeats a random phrase, so that n-gram lookup finds drafts.
 fn repeating_prompt(rng: &mut Rng, vocab: usize) -> Vec<u32> {
-    let phrase = random_tokens(rng, 12, vocab);
+    let phrase = common::random_tokens(rng, 12, vocab);
     phrase
         .iter()
         .chain(&phrase)

@@ -728,11 +728,7 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
         let mut rng = Rng::seeded(7);
         let sequences: Vec<Vec<u32>> = [5, 23, 1, 40, 9, 3]
             .iter()
-            .map(|&n| {
-                (0..n)
-                    .map(|_| (rng.next_u64() % vocab as u64) as u32)
-                    .collect()
-            })
+            .map(|&n| common::random_tokens(&mut rng, n, vocab))
             .collect();
         common::assert_each_sequence_gets_its_own_logits(&model, &sequences);
         println!("{tuning:?}: each sequence gets its own logits");
@@ -756,11 +752,7 @@ fn long_sequences_attend_in_splits_within_the_bound_and_batch_invariant() {
     let mut rng = Rng::seeded(11);
     let sequences: Vec<Vec<u32>> = [1_100, 300, 40]
         .iter()
-        .map(|&n| {
-            (0..n)
-                .map(|_| (rng.next_u64() % vocab as u64) as u32)
-                .collect()
-        })
+        .map(|&n| common::random_tokens(&mut rng, n, vocab))
         .collect();
     let long = &sequences[0];
     let reference = common::prefill_logits(&on_cpu, long);

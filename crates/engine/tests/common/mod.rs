@@ -6,12 +6,19 @@ use std::sync::Arc;
 use lucebox_backend::{ActivationPrecision, Backend, BatchCapacity, CpuBackend, RaggedBatch};
 use lucebox_engine::speculative::SpecStats;
 use lucebox_engine::{
-    BatchEngine, Batcher, Event, NewSequence, Sampler, SamplingParams, SequenceId,
+    BatchEngine, Batcher, Event, NewSequence, Rng, Sampler, SamplingParams, SequenceId,
 };
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
 
 const BLOCK_TOKENS: usize = 16;
+
+/// `n` tokens drawn uniformly from a vocabulary of `vocab`.
+pub fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect()
+}
 
 /// A fetched catalogue model on the CPU backend using every core, with its file.
 pub fn load(name: &str) -> (Arc<GgufFile>, Arc<Model<CpuBackend>>) {
