@@ -79,8 +79,8 @@ static __device__ __forceinline__ float zero_after(const unsigned *words) {
 
 // How many tiles of 32 positions a range of a token with `tiles` tiles takes: an eighth of them,
 // rounded up to a multiple of the block's warps, so that in a block that takes the ranges in
-// turn every warp has a tile in each range but the last (attention_range_tiles in
-// crates/backend/src/gpu/mod.rs).
+// turn every warp has a tile in each range but the last (attention_ranges in
+// crates/backend/src/gpu/mod.rs counts them).
 static __device__ __forceinline__ unsigned range_tiles(unsigned tiles, unsigned warps) {
     const unsigned eighth = (tiles + ATTENTION_SPLITS - 1) / ATTENTION_SPLITS;
     return (eighth + warps - 1) / warps * warps;
@@ -176,73 +176,73 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
     const unsigned end_tile = min(tiles, end_range * per_range);
     for (unsigned tile_index = first_tile + warp; tile_index < end_tile; tile_index += warps) {
         const unsigned tile = 32u * tile_index;
-            const unsigned p = tile + lane;
-            const bool valid = p <= last;
-            unsigned slot = 0;
-            float score = -INFINITY;
-            if (valid) {
-                slot = table[p / block_tokens] * block_tokens + p % block_tokens;
-                const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
-                unsigned row[HEAD_DIM / 2];
-                load_half_words<HEAD_DIM>(k, row);
-                score = zero_after<HEAD_DIM / 2>(row);
+        const unsigned p = tile + lane;
+        const bool valid = p <= last;
+        unsigned slot = 0;
+        float score = -INFINITY;
+        if (valid) {
+            slot = table[p / block_tokens] * block_tokens + p % block_tokens;
+            const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
+            unsigned row[HEAD_DIM / 2];
+            load_half_words<HEAD_DIM>(k, row);
+            score = zero_after<HEAD_DIM / 2>(row);
 #pragma unroll
-                for (int d = 0; d < HEAD_DIM; d += 2) {
-                    const float2 f = __half22float2(*(const __half2 *)&row[d / 2]);
-                    score += q_shared[d] * f.x + q_shared[d + 1] * f.y;
-                }
+            for (int d = 0; d < HEAD_DIM; d += 2) {
+                const float2 f = __half22float2(*(const __half2 *)&row[d / 2]);
+                score += q_shared[d] * f.x + q_shared[d + 1] * f.y;
             }
-            const float new_max = fmaxf(range_max, warp_max(score));
-            const float correction = __expf(range_max - new_max);
-            const float weight = valid ? __expf(score - new_max) : 0.0f;
-            range_sum = range_sum * correction + warp_sum(weight);
+        }
+        const float new_max = fmaxf(range_max, warp_max(score));
+        const float correction = __expf(range_max - new_max);
+        const float weight = valid ? __expf(score - new_max) : 0.0f;
+        range_sum = range_sum * correction + warp_sum(weight);
 #pragma unroll
-            for (int i = 0; i < PER_LANE; i++) {
-                range_acc[i] *= correction;
+        for (int i = 0; i < PER_LANE; i++) {
+            range_acc[i] *= correction;
+        }
+        const int count = min(32, (int)(last - tile) + 1);
+        // The V rows of a group of positions, this lane's dimensions of each, all loaded
+        // before any is used (past the sequence's end those of slot 0, a lane's slot there);
+        // only the sequence's positions are added. A group's words fill at most 64 registers.
+        constexpr int WORDS = (PER_LANE + 1) / 2;
+        constexpr int GROUP = 64 / WORDS < WARP_SIZE ? 64 / WORDS : WARP_SIZE;
+#pragma unroll
+        for (int j0 = 0; j0 < WARP_SIZE; j0 += GROUP) {
+            unsigned v[GROUP * WORDS];
+#pragma unroll
+            for (int j = 0; j < GROUP; j++) {
+                load_half_words<PER_LANE>(v_cache + (size_t)SHFL(slot, j0 + j) * kv_width +
+                                              (size_t)kv_head * HEAD_DIM +
+                                              (size_t)lane * PER_LANE,
+                                          v + j * WORDS);
             }
-            const int count = min(32, (int)(last - tile) + 1);
-            // The V rows of a group of positions, this lane's dimensions of each, all loaded
-            // before any is used (past the sequence's end those of slot 0, a lane's slot there);
-            // only the sequence's positions are added. A group's words fill at most 64 registers.
-            constexpr int WORDS = (PER_LANE + 1) / 2;
-            constexpr int GROUP = 64 / WORDS < WARP_SIZE ? 64 / WORDS : WARP_SIZE;
+            const float zero = zero_after<GROUP * WORDS>(v);
 #pragma unroll
-            for (int j0 = 0; j0 < WARP_SIZE; j0 += GROUP) {
-                unsigned v[GROUP * WORDS];
+            for (int j = 0; j < GROUP; j++) {
+                // The weights are at least +0, so adding +0 changes none.
+                const float w = SHFL(weight, j0 + j) + zero;
+                if (j0 + j < count) {
 #pragma unroll
-                for (int j = 0; j < GROUP; j++) {
-                    load_half_words<PER_LANE>(v_cache + (size_t)SHFL(slot, j0 + j) * kv_width +
-                                                  (size_t)kv_head * HEAD_DIM +
-                                                  (size_t)lane * PER_LANE,
-                                              v + j * WORDS);
-                }
-                const float zero = zero_after<GROUP * WORDS>(v);
-#pragma unroll
-                for (int j = 0; j < GROUP; j++) {
-                    // The weights are at least +0, so adding +0 changes none.
-                    const float w = SHFL(weight, j0 + j) + zero;
-                    if (j0 + j < count) {
-#pragma unroll
-                        for (int i = 0; i < PER_LANE; i++) {
-                            range_acc[i] += w * half_at(v + j * WORDS, i);
-                        }
+                    for (int i = 0; i < PER_LANE; i++) {
+                        range_acc[i] += w * half_at(v + j * WORDS, i);
                     }
                 }
             }
-            range_max = new_max;
-            // A lone block's warp folds each range's result once it has its last tile (a range
-            // without tiles of the warp's would fold as nothing: (-inf, 0, 0)).
-            const unsigned next = tile_index + warps;
-            if (alone && (next >= end_tile || next / per_range != tile_index / per_range)) {
-                fold(max, sum, acc, range_max, range_sum, range_acc);
-                range_max = -INFINITY;
-                range_sum = 0.0f;
+        }
+        range_max = new_max;
+        // A lone block's warp folds each range's result once it has its last tile (a range
+        // without tiles of the warp's would fold as nothing: (-inf, 0, 0)).
+        const unsigned next = tile_index + warps;
+        if (alone && (next >= end_tile || next / per_range != tile_index / per_range)) {
+            fold(max, sum, acc, range_max, range_sum, range_acc);
+            range_max = -INFINITY;
+            range_sum = 0.0f;
 #pragma unroll
-                for (int i = 0; i < PER_LANE; i++) {
-                    range_acc[i] = 0.0f;
-                }
+            for (int i = 0; i < PER_LANE; i++) {
+                range_acc[i] = 0.0f;
             }
         }
+    }
     if (!alone) {
         float *part =
             parts + (((size_t)token_head * ATTENTION_SPLITS + first_range) * warps + warp) * PART;

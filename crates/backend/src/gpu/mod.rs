@@ -1130,9 +1130,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.upload(src.logits_rows(), &mut d.logits_rows)?;
         self.upload(&dst.cos[..tables], &mut d.cos)?;
         self.upload(&dst.sin[..tables], &mut d.sin)?;
-        // Blocks past a sequence's last range exit at once, yet cost a decode step about 3% on
-        // the H200 when every head had eight of them: a pass gets as many as its longest
-        // sequence needs.
+        // Blocks past a sequence's last range exit at once, but each is still scheduled: a pass
+        // gets as many as its longest sequence needs, not ATTENTION_SPLITS whatever its length.
         dst.attention_blocks_per_head = if src.len() <= SPLIT_BLOCKS_MAX_TOKENS {
             let warps = self.tuning.attention_warps;
             src.positions()
