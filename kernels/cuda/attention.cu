@@ -244,8 +244,11 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
         }
     }
     if (!alone) {
-        float *part =
-            parts + (((size_t)token_head * ATTENTION_SPLITS + first_range) * warps + warp) * PART;
+        // Where this warp's result for a range goes: [token, head][range][warp].
+        const auto warp_part = [&](unsigned range) {
+            return parts + (((size_t)token_head * ATTENTION_SPLITS + range) * warps + warp) * PART;
+        };
+        float *part = warp_part(first_range);
         if (lane == 0) {
             part[0] = range_max;
             part[1] = range_sum;
@@ -271,8 +274,7 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
         // Every block's results are there: each warp folds its own in range order, read through
         // volatile (past this SM's cache, for those other blocks wrote).
         for (unsigned range = 0; range < used; range++) {
-            const volatile float *part =
-                parts + (((size_t)token_head * ATTENTION_SPLITS + range) * warps + warp) * PART;
+            const volatile float *part = warp_part(range);
             float range_acc[PER_LANE];
 #pragma unroll
             for (int i = 0; i < PER_LANE; i++) {
