@@ -126,9 +126,9 @@ static __device__ __forceinline__ void fold(float &max, float &sum, float (&acc)
 // quantized for the output projection.
 //
 // A decode step's attention is a chain of dependent loads (the sequence's table, its slots, K,
-// V) in a dozen blocks, so the kernel is written for few round trips: the table's loads are in
-// flight with q's, a K row's loads go out together, and the tile's V rows, one vector load per
-// position, all at once.
+// V) in a dozen blocks, so the kernel is written for few round trips: the table's and the first
+// slots' loads run before the previous kernel ends, a K row's loads go out together, the tile's
+// V rows, one vector load per position, all at once, and the next tile's slots with them.
 template <int PER_LANE>
 static __device__ void attention_heads(const float *q, const __half *k_cache,
                                        const __half *v_cache, const unsigned *positions,
@@ -144,16 +144,14 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
     __shared__ float max_shared[ATTENTION_MAX_WARPS], sum_shared[ATTENTION_MAX_WARPS];
     __shared__ float factor_shared[ATTENTION_MAX_WARPS];
     __shared__ unsigned arrived;
-    AFTER_PREVIOUS_KERNEL();
+    START_NEXT_KERNEL();
     const int token_head = blockIdx.x / blocks_per_head;
     const int t = token_head / heads, head = token_head % heads;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int warps = blockDim.x / WARP_SIZE;
-    const size_t q_row = (size_t)t * heads * HEAD_DIM + (size_t)head * HEAD_DIM;
-    // q's and the table's loads go out with the position's, before anything waits for it.
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-        q_shared[d] = q[q_row + d] * scale;
-    }
+    // The batch's description (positions, block tables) is written by the host alone, so the
+    // chain of loads from the position to the first tile's slots runs before the wait for the
+    // previous kernel, which wrote q.
     const unsigned *table = block_ids + table_offsets[t];
     const unsigned last = positions[t];
     const unsigned tiles = last / 32 + 1;
@@ -168,20 +166,34 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
     const unsigned end_range = alone ? used : block_range + 1;
     const int kv_head = head / (heads / kv_heads);
     const int kv_width = kv_heads * HEAD_DIM;
+    const unsigned first_tile = first_range * per_range;
+    const unsigned end_tile = min(tiles, end_range * per_range);
+    // The cache slot of this lane's position in tile tile_index (0 past the sequence's end or
+    // the block's tiles: a slot whose V rows are loaded and not added).
+    const auto slot_in = [&](unsigned tile_index) {
+        const unsigned p = 32u * tile_index + lane;
+        return tile_index < end_tile && p <= last ? table[p / block_tokens] * block_tokens +
+                                                        p % block_tokens
+                                                  : 0u;
+    };
+    unsigned next_slot = slot_in(first_tile + warp);
+    WAIT_FOR_PREVIOUS_KERNEL();
+    const size_t q_row = (size_t)t * heads * HEAD_DIM + (size_t)head * HEAD_DIM;
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        q_shared[d] = q[q_row + d] * scale;
+    }
     __syncthreads();
     // The warp's result over the ranges it has finished, and over the tiles of its current one.
     float max = -INFINITY, sum = 0.0f, acc[PER_LANE] = {0};
     float range_max = -INFINITY, range_sum = 0.0f, range_acc[PER_LANE] = {0};
-    const unsigned first_tile = first_range * per_range;
-    const unsigned end_tile = min(tiles, end_range * per_range);
     for (unsigned tile_index = first_tile + warp; tile_index < end_tile; tile_index += warps) {
         const unsigned tile = 32u * tile_index;
-        const unsigned p = tile + lane;
-        const bool valid = p <= last;
-        unsigned slot = 0;
+        const bool valid = tile + lane <= last;
+        // The next tile's slot is asked for while this one is scored.
+        const unsigned slot = next_slot;
+        next_slot = slot_in(tile_index + warps);
         float score = -INFINITY;
         if (valid) {
-            slot = table[p / block_tokens] * block_tokens + p % block_tokens;
             const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
             unsigned row[HEAD_DIM / 2];
             load_half_words<HEAD_DIM>(k, row);
