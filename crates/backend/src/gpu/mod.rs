@@ -414,10 +414,19 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// Runs `issue`, whose launches make up a pass of `shape`, with launches overlapping when
-    /// the pass is short enough to gain from it.
+    /// the pass is short enough to gain from it and its matmuls are not the streamed matmul's
+    /// tiles: a tile kernel's many blocks share the SMs with the next kernel's, started early
+    /// and waiting. On the H200 with the 1.5B and the streamed matmul, passes of 3 and 4 tokens
+    /// took 2.5 ms overlapped and 2.0 ms launched in turn (3 and 4 sequences decoded at
+    /// 1,196-1,217 and 1,601-1,625 tok/s against 1,449-1,457 and 1,923-1,963), while the
+    /// one-row kernel's passes of 1 and 2 tokens gain from overlapping (712 and 988 tok/s
+    /// against 638 and 933).
     fn overlapping<T>(&self, shape: PassShape, issue: impl FnOnce() -> T) -> T {
-        self.overlap
-            .store(shape.tokens <= OVERLAP_MAX_TOKENS, Ordering::Relaxed);
+        let streamed_tiles = self.tuning.streamed_matmul && shape.tokens > MMT_ROW_MAX_ROWS;
+        self.overlap.store(
+            shape.tokens <= OVERLAP_MAX_TOKENS && !streamed_tiles,
+            Ordering::Relaxed,
+        );
         let issued = issue();
         self.overlap.store(false, Ordering::Relaxed);
         issued
