@@ -13,6 +13,7 @@
 #include "kernels.cuh"
 #include "../../../kernels/cuda/mmv.cu"
 #include "../../../kernels/cuda/quantize.cu"
+#include "../check.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -21,15 +22,6 @@
 #include <cstring>
 #include <random>
 #include <vector>
-
-#define CHECK(call)                                                                           \
-    do {                                                                                      \
-        cudaError_t e = (call);                                                               \
-        if (e != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));         \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 static float host_half(uint16_t h) {
     const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 31, mant = h & 1023;

@@ -23,21 +23,14 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o persistent-bench tests/cuda/persistent/bench.cu
 //   ./persistent-bench [THREADS_PER_BLOCK [BLOCKS_PER_SM]]     (default 512 and 2)
 
+#include "../check.cuh"
+
 #include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
-
-#define CHECK(call)                                                                           \
-    do {                                                                                      \
-        cudaError_t e = (call);                                                               \
-        if (e != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));         \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 // The activations a stage reads and writes: the 1.5B's hidden size.
 constexpr int ACTIVATIONS = 1536;
