@@ -76,6 +76,7 @@ const RECORD_MAX_TOKENS: usize = 64;
 /// H200 with the 1.5B model against launches in turn: decode of one sequence 5-7% faster (the
 /// 0.5B 11%), of 2 and 4 sequences 3% and 1%, n-gram speculation 3-4%; but 8, 12 and 16
 /// sequences 1%, 4% and 5% slower, and 64 about 1%, with or without the matvec's prefetch.
+/// Passes on the streamed matmul's tiles do not overlap at any length (`overlapping`).
 const OVERLAP_MAX_TOKENS: usize = 4;
 /// The most graphs one workspace keeps (one per batch shape seen).
 const RECORD_MAX_GRAPHS: usize = 256;
