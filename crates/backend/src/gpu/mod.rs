@@ -414,6 +414,12 @@ impl<R: Runtime> GpuBackend<R> {
             .map_err(device_error::<R>(op))
     }
 
+    /// Whether the streamed matmul (where the host profile asks for it) multiplies `rows`
+    /// activation rows on its tensor-core tiles rather than its one-row kernel.
+    fn streamed_tiles(&self, rows: usize) -> bool {
+        self.tuning.streamed_matmul && rows > MMT_ROW_MAX_ROWS
+    }
+
     /// Runs `issue`, whose launches make up a pass of `shape`, with launches overlapping when
     /// the pass is short enough to gain from it and its matmuls are not the streamed matmul's
     /// tiles: a tile kernel's many blocks share the SMs with the next kernel's, started early
@@ -423,9 +429,8 @@ impl<R: Runtime> GpuBackend<R> {
     /// one-row kernel's passes of 1 and 2 tokens gain from overlapping (712 and 988 tok/s
     /// against 638 and 933).
     fn overlapping<T>(&self, shape: PassShape, issue: impl FnOnce() -> T) -> T {
-        let streamed_tiles = self.tuning.streamed_matmul && shape.tokens > MMT_ROW_MAX_ROWS;
         self.overlap.store(
-            shape.tokens <= OVERLAP_MAX_TOKENS && !streamed_tiles,
+            shape.tokens <= OVERLAP_MAX_TOKENS && !self.streamed_tiles(shape.tokens),
             Ordering::Relaxed,
         );
         let issued = issue();
@@ -483,10 +488,10 @@ impl<R: Runtime> GpuBackend<R> {
         if let Some(mmt) = &format.mmt
             && self.tuning.streamed_matmul
         {
-            return if rows <= MMT_ROW_MAX_ROWS {
-                (&mmt.row, MatvecLaunch::StreamedRow)
-            } else {
+            return if self.streamed_tiles(rows) {
                 (&mmt.tiles, MatvecLaunch::Streamed)
+            } else {
+                (&mmt.row, MatvecLaunch::StreamedRow)
             };
         }
         if let Some(mmq) = &format.mmq
