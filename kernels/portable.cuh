@@ -34,8 +34,9 @@
 // therefore lets the next one start, then waits for the previous one to finish (and its writes
 // to be visible) before it reads anything an earlier kernel wrote or writes anything at all;
 // before the wait it may only read what no kernel writes: the weights, and the batch's
-// description (positions, block tables, rotary tables), which the host copies in before a pass. Elsewhere (HIP, older
-// NVIDIA architectures) launches are serialised as usual and these are no-ops.
+// description (positions, block tables, rotary tables), which the host copies in before a
+// pass. Elsewhere (HIP, older NVIDIA architectures) launches are serialised as usual and these
+// are no-ops.
 #if !defined(__HIP__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define START_NEXT_KERNEL() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define WAIT_FOR_PREVIOUS_KERNEL() asm volatile("griddepcontrol.wait;" ::: "memory")

@@ -45,8 +45,23 @@ struct Step {
     const Stage *stages;
     int count;
     float *activations; // two buffers of ACTIVATIONS, the stages write them in turn
-    unsigned *sink;     // written only if a sum hits a value it never does, so loads stay
+    unsigned *sink;     // written only if a sum hits a value it never does (add_words)
 };
+
+// `sum` plus this thread's share of the 16-byte words of `bytes` at w, each word's four parts
+// xored; written to the sink only if it hits a value it never does, so no load is dropped.
+static __device__ __forceinline__ unsigned add_words(const Step &step, const uint4 *w,
+                                                     size_t bytes, size_t thread,
+                                                     size_t threads, unsigned sum) {
+    for (size_t i = thread; i < bytes / 16; i += threads) {
+        const uint4 v = __ldcs(w + i);
+        sum += v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (sum == 0x9e3779b9u) {
+        *step.sink = sum;
+    }
+    return sum;
+}
 
 // Stage s's share of one thread among `threads`, added up with the activation the stage before
 // wrote (read past L1: another SM wrote it), and this thread's activation written.
@@ -56,14 +71,8 @@ static __device__ __forceinline__ void run_stage(const Step &step, int s, size_t
     const uint4 *w = step.weights + stage.offset / 16;
     const float *in = step.activations + (s % 2) * ACTIVATIONS;
     float *out = step.activations + ((s + 1) % 2) * ACTIVATIONS;
-    unsigned sum = __float_as_uint(__ldcg(in + thread % ACTIVATIONS));
-    for (size_t i = thread; i < stage.bytes / 16; i += threads) {
-        const uint4 v = __ldcs(w + i);
-        sum += v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (sum == 0x9e3779b9u) {
-        *step.sink = sum;
-    }
+    const unsigned sum = add_words(step, w, stage.bytes, thread, threads,
+                                   __float_as_uint(__ldcg(in + thread % ACTIVATIONS)));
     if (thread < ACTIVATIONS) {
         __stcg(out + thread, (float)(sum & 1));
     }
@@ -144,14 +153,7 @@ __global__ void cooperative_kernel(Step step) {
 __global__ void stream_kernel(Step step, size_t bytes) {
     const size_t thread = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t threads = (size_t)gridDim.x * blockDim.x;
-    unsigned sum = 0;
-    for (size_t i = thread; i < bytes / 16; i += threads) {
-        const uint4 v = __ldcs(step.weights + i);
-        sum += v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (sum == 0x9e3779b9u) {
-        *step.sink = sum;
-    }
+    add_words(step, step.weights, bytes, thread, threads, 0);
 }
 
 // The 1.5B's decode step (with weights) or its boundaries alone.
