@@ -26,6 +26,8 @@
 // The mma instructions exist from sm_80; HIP builds none of this (crates/backend/build.rs),
 // and its matrices take the matvec for any number of rows.
 
+// Sub-block by sub-block: see chunk_scales_k4 (quant.cuh).
+#define K4_SCALES_BY_SUB_BLOCK
 #include "qspan.cuh"
 
 #if !defined(__HIP__)

@@ -98,17 +98,50 @@ static __device__ __forceinline__ void scale_min_k4_words(const unsigned q[3], u
     *m = j < 4 ? m_first : m_last;
 }
 
+// Byte i (0..3) of w as a float, exactly: the byte is put under the bits of 1.5 * 2^23 by one
+// byte permute and that offset taken off, two full-rate instructions where a conversion runs at
+// an eighth of the float rate (exact_float in qspan.cuh does the same for a dot product).
+static __device__ __forceinline__ float byte_float(unsigned w, unsigned i) {
+    return __fsub_rn(__int_as_float((int)__byte_perm(0x4B400000u, w, 0x3204u | i)), 12582912.0f);
+}
+
 // The block's first 16 bytes (d, dmin and the scales) in one aligned load, not byte by byte:
 // Q4_K and Q5_K blocks are 144 and 176 bytes, so every block of a row is 16-byte aligned.
+//
+// The chunk's two scales (and two minimums) are bytes 2c and 2c + 1, or 2(c - 2) and
+// 2(c - 2) + 1, of the scale words, so each pair is cut out at once (the layout of
+// scale_min_k4): for chunks 0 and 1 the low six bits of the first (second) word's bytes; for
+// chunks 2 and 3 the low (high) nibbles of the third word's bytes over the top two bits of the
+// first (second) word's. Both forms are computed, then one chosen: the lanes of a warp take
+// chunks of both halves, and a branch would run each half's instructions for all of them. The
+// bytes become floats by byte_float. In the matvec this decoded the 1.5B 3-4% faster on the
+// H200 than sub-block by sub-block (scale_min_k4_words, then conversion instructions); the
+// tensor-core matmul (mmq.cu) ran prefill and 16 sequences 1-3% slower with it, with either
+// conversion, so a kernel file that defines K4_SCALES_BY_SUB_BLOCK before including this
+// header takes the scales sub-block by sub-block. Either way the values are exact, so every
+// kernel gets the same bits.
 static __device__ __forceinline__ ChunkScales chunk_scales_k4(const uint8_t *b, unsigned chunk) {
     const uint4 head = *(const uint4 *)b;
     const float d = __half2float(__ushort_as_half((unsigned short)(head.x & 0xFFFF)));
     const float dmin = __half2float(__ushort_as_half((unsigned short)(head.x >> 16)));
+#ifdef K4_SCALES_BY_SUB_BLOCK
     const unsigned q[3] = {head.y, head.z, head.w};
     int sc_lo, m_lo, sc_hi, m_hi;
     scale_min_k4_words(q, 2 * chunk, &sc_lo, &m_lo);
     scale_min_k4_words(q, 2 * chunk + 1, &sc_hi, &m_hi);
     return {d * sc_lo, dmin * m_lo, d * sc_hi, dmin * m_hi};
+#else
+    const unsigned first = 16 * (chunk % 2);
+    const unsigned scales_first = (head.y >> first) & 0x3F3F;
+    const unsigned mins_first = (head.z >> first) & 0x3F3F;
+    const unsigned scales_last = ((head.w >> first) & 0x0F0F) | ((head.y >> (first + 2)) & 0x3030);
+    const unsigned mins_last =
+        ((head.w >> (first + 4)) & 0x0F0F) | ((head.z >> (first + 2)) & 0x3030);
+    const unsigned scales = chunk < 2 ? scales_first : scales_last;
+    const unsigned mins = chunk < 2 ? mins_first : mins_last;
+    return {d * byte_float(scales, 0), dmin * byte_float(mins, 0), d * byte_float(scales, 1),
+            dmin * byte_float(mins, 1)};
+#endif
 }
 
 // Q4_K: d, dmin (f16), 12 bytes of scales and minimums, 128 bytes of nibbles. Each 64 elements
