@@ -73,6 +73,42 @@ static __device__ __forceinline__ void dot_spans(float acc[TOKENS], const uint8_
     }
 }
 
+// A lane's first span s of a weight row (when s < last), for the one-row instances (decode, and
+// passes of up to matvec_loop_rows rows, which they run row by row): decoded before the wait for
+// the previous kernel, so that the first turn of the span loop, or the only one in the small
+// matrices, waits on the activations alone, and a pass of several rows decodes it once. add_to
+// adds it to acc[t] (t < n) times activation rows t0 + t, where the span loop would have; the
+// loop then starts TAKEN spans later. The four- and eight-row instances load it in its turn:
+// held across the wait, it took the four-row Q4_K instance from 82 registers to 159.
+template <typename Block, int TOKENS, bool LOADED = (TOKENS == 1)> struct FirstSpan {
+    static constexpr int TAKEN = WARP_SIZE;
+    QSpan span;
+    bool present;
+    __device__ __forceinline__ FirstSpan(const uint8_t *w_row, int s, int last)
+        : present(s < last) {
+        if (present) {
+            span = qspan<Block>(w_row, s);
+        }
+    }
+    __device__ __forceinline__ void add_to(float acc[TOKENS], int cols, const QuantizedRow &x,
+                                           int t0, int n) const {
+        if (present) {
+#pragma unroll
+            for (int t = 0; t < TOKENS; t++) {
+                if (t < n) {
+                    acc[t] += qspan_dot(span, activation_row(x, cols, t0 + t));
+                }
+            }
+        }
+    }
+};
+
+template <typename Block, int TOKENS> struct FirstSpan<Block, TOKENS, false> {
+    static constexpr int TAKEN = 0;
+    __device__ __forceinline__ FirstSpan(const uint8_t *, int, int) {}
+    __device__ __forceinline__ void add_to(float *, int, const QuantizedRow &, int, int) const {}
+};
+
 // Quantized weights times quantized activations, TOKENS activation rows at a time; cols is a
 // multiple of 32. With PARTS = 3, one launch covers up to three matrices of the same format and
 // width over the same activations (a layer's q, k and v; its gate and up), warp r taking row r
@@ -100,17 +136,20 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
         return;
     }
     const uint8_t *w_row = part.w + (size_t)row * row_bytes;
+    const int spans = cols / SPAN;
     START_NEXT_KERNEL();
-    // The row's weights are on their way while the kernel before finishes.
+    // The row's weights are on their way while the kernel before finishes, and the lane's
+    // first span is decoded by then (weights are written by no kernel).
     prefetch_l2(w_row, 0, row_bytes);
+    const FirstSpan<Block, TOKENS> first_span(w_row, lane, spans);
     WAIT_FOR_PREVIOUS_KERNEL();
     const float b = part.bias ? part.bias[row] : 0.0f;
-    const int spans = cols / SPAN;
+    const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
     for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
         const int n = min(TOKENS, tokens - t0);
         float acc[TOKENS] = {0};
-        dot_spans<Block, TOKENS>(acc, w_row, lane, spans, cols, {x_hi, x_lo, x_scales, x_sums},
-                                 t0, n);
+        first_span.add_to(acc, cols, x, t0, n);
+        dot_spans<Block, TOKENS>(acc, w_row, lane + first_span.TAKEN, spans, cols, x, t0, n);
         write_sums<TOKENS>(acc, n, t0, part.rows, row, b, part.out);
     }
 }
@@ -137,25 +176,42 @@ static __device__ void mmv_q8_pairs(const MatvecPart first, const MatvecPart sec
     const bool has_row1 = locate_row<PARTS>(part1, second, third, row1);
     const uint8_t *w0 = part0.w + (size_t)row0 * row_bytes;
     const uint8_t *w1 = has_row1 ? part1.w + (size_t)row1 * row_bytes : w0;
+    const unsigned spans = cols / SPAN, end = has_row1 ? 2 * spans : spans;
+    // Span s of the run: row 0's spans, then row 1's.
+    const auto span_of = [&](unsigned s) {
+        return s >= spans ? qspan<Block>(w1, s - spans) : qspan<Block>(w0, s);
+    };
     START_NEXT_KERNEL();
-    // The rows' weights are on their way while the kernel before finishes.
+    // The rows' weights are on their way while the kernel before finishes, and the lane's
+    // first span is decoded by then (as in mmv_q8).
     prefetch_l2(w0, 0, row_bytes);
     if (has_row1) {
         prefetch_l2(w1, 0, row_bytes);
     }
+    const unsigned first_s = lane;
+    const bool has_first = first_s < end;
+    QSpan first_span;
+    if (has_first) {
+        first_span = span_of(first_s);
+    }
     WAIT_FOR_PREVIOUS_KERNEL();
     const float b0 = part0.bias ? part0.bias[row0] : 0.0f;
     const float b1 = has_row1 && part1.bias ? part1.bias[row1] : 0.0f;
-    const unsigned spans = cols / SPAN, end = has_row1 ? 2 * spans : spans;
     for (int t = 0; t < tokens; t++) {
         const QuantizedRow x = activation_row({x_hi, x_lo, x_scales, x_sums}, cols, t);
         float acc0 = 0.0f, acc1 = 0.0f;
+        if (has_first) {
+            const float value = qspan_dot(first_span, x);
+            if (first_s >= spans) {
+                acc1 += value;
+            } else {
+                acc0 += value;
+            }
+        }
 #pragma unroll 1
-        for (unsigned s = lane; s < end; s += WARP_SIZE) {
-            const bool second_row = s >= spans;
-            const float value =
-                qspan_dot(qspan<Block>(second_row ? w1 : w0, second_row ? s - spans : s), x);
-            if (second_row) {
+        for (unsigned s = first_s + WARP_SIZE; s < end; s += WARP_SIZE) {
+            const float value = qspan_dot(span_of(s), x);
+            if (s >= spans) {
                 acc1 += value;
             } else {
                 acc0 += value;
@@ -194,19 +250,23 @@ static __device__ void mmv_q8_split(const MatvecPart part, unsigned long long ro
     const int last = valid ? min(spans, first + split_spans) : first;
     const uint8_t *w_row = part.w + (size_t)row * row_bytes;
     START_NEXT_KERNEL();
-    // The warp's piece of the row is on its way while the kernel before finishes.
+    // The warp's piece of the row is on its way while the kernel before finishes, and the
+    // lane's first span is decoded by then.
     if (valid) {
         constexpr int SPANS_PER_BLOCK = Block::QK / SPAN;
         prefetch_l2(w_row, (size_t)(first / SPANS_PER_BLOCK) * Block::BYTES,
                     (size_t)((last + SPANS_PER_BLOCK - 1) / SPANS_PER_BLOCK) * Block::BYTES);
     }
+    const FirstSpan<Block, TOKENS> first_span(w_row, first + lane, last);
     WAIT_FOR_PREVIOUS_KERNEL();
     const float b = valid && part.bias ? part.bias[row] : 0.0f;
+    const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
     for (int t0 = 0; t0 < tokens; t0 += TOKENS) {
         const int n = min(TOKENS, tokens - t0);
         float acc[TOKENS] = {0};
-        dot_spans<Block, TOKENS>(acc, w_row, first + lane, last, cols,
-                                 {x_hi, x_lo, x_scales, x_sums}, t0, n);
+        first_span.add_to(acc, cols, x, t0, n);
+        dot_spans<Block, TOKENS>(acc, w_row, first + lane + first_span.TAKEN, last, cols, x, t0,
+                                 n);
 #pragma unroll
         for (int t = 0; t < TOKENS; t++) {
             const float sum = warp_sum(acc[t]);
