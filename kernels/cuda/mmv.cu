@@ -177,9 +177,11 @@ static __device__ void mmv_q8_pairs(const MatvecPart first, const MatvecPart sec
     const uint8_t *w0 = part0.w + (size_t)row0 * row_bytes;
     const uint8_t *w1 = has_row1 ? part1.w + (size_t)row1 * row_bytes : w0;
     const unsigned spans = cols / SPAN, end = has_row1 ? 2 * spans : spans;
-    // Span s of the run: row 0's spans, then row 1's.
+    // Span s of the run (row 0's spans, then row 1's), by one decode whichever the row: two
+    // calls made two paths, and a turn whose lanes hold spans of both rows ran both.
     const auto span_of = [&](unsigned s) {
-        return s >= spans ? qspan<Block>(w1, s - spans) : qspan<Block>(w0, s);
+        const bool second_row = s >= spans;
+        return qspan<Block>(second_row ? w1 : w0, second_row ? s - spans : s);
     };
     START_NEXT_KERNEL();
     // The rows' weights are on their way while the kernel before finishes, and the lane's
