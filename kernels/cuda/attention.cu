@@ -108,18 +108,23 @@ static __device__ __forceinline__ void fold(float &max, float &sum, float (&acc)
 
 // Attention of each (token, query head) of heads of 32 * PER_LANE dimensions over positions
 // 0..=position of the token's sequence, whose block table starts at
-// block_ids[table_offsets[t]], in blocks of as many warps as the launch has (the host profile's
-// attention_warps). The positions go in tiles of 32, cut into ranges of range_tiles() tiles,
-// which depend on the position alone. Warp w of W takes tiles w, w + W, ... of each range: each
-// lane scores one position of the tile (a whole K row against q, held in shared memory), the
-// warp updates its online softmax once per tile, and each lane accumulates V over the tile for
-// its own PER_LANE dimensions. A warp's results for the ranges, in range order, are folded into
-// its own, and the warps' are merged in a fixed order.
+// block_ids[table_offsets[t]]. The positions go in tiles of 32, cut into ranges of
+// range_tiles() tiles, which depend on the position and `warps` (the host profile's
+// attention_warps) alone. Each of the `warps` parts w takes tiles w, w + warps, ... of each
+// range: each lane scores one position of the tile (a whole K row against q, held in shared
+// memory), the part updates its online softmax once per tile, and each lane accumulates V over
+// the tile for its own PER_LANE dimensions. A part's results for the ranges, in range order, are
+// folded into its own, and the parts' are merged in a fixed order.
+//
+// A block's warps take its parts w, w + (its warps), ...: the host launches as many warps as
+// the busiest part has tiles to take, at most `warps`, so that a batch of short sequences
+// (most parts idle) fits several blocks on an SM, and the arithmetic is the same whatever the
+// block's size.
 //
 // A head has `blocks_per_head` blocks: one range each, so that a long sequence's K and V stream
 // through as many SMs (decode and short verify passes, which have few blocks otherwise), or a
 // lone block that takes every range (passes that fill the GPU without splitting). A lone block's
-// warps fold each range's result as they finish it; split blocks write their warps' results to
+// parts fold each range's result as they finish it; split blocks write their parts' results to
 // `parts`, and the last of a head's blocks to arrive (counted in `arrivals`, which it sets back
 // to 0) folds them. The same arithmetic either way, so a token's output depends only on its own
 // sequence, whatever the batch or the pass. With `quantized.hi` set, the output is also
@@ -134,10 +139,10 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
                                        const __half *v_cache, const unsigned *positions,
                                        const unsigned *table_offsets, const unsigned *block_ids,
                                        int block_tokens, int heads, int kv_heads, float scale,
-                                       int blocks_per_head, float *parts, unsigned *arrivals,
-                                       float *out, QuantizedOut quantized) {
+                                       int warps, int blocks_per_head, float *parts,
+                                       unsigned *arrivals, float *out, QuantizedOut quantized) {
     constexpr int HEAD_DIM = PER_LANE * WARP_SIZE;
-    // A warp's result for a range in `parts`: the maximum, the sum, then HEAD_DIM values.
+    // A part's result for a range in `parts`: the maximum, the sum, then HEAD_DIM values.
     constexpr int PART = HEAD_DIM + 2;
     __shared__ float q_shared[HEAD_DIM];
     __shared__ float acc_shared[ATTENTION_MAX_WARPS][HEAD_DIM];
@@ -148,7 +153,7 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
     const int token_head = blockIdx.x / blocks_per_head;
     const int t = token_head / heads, head = token_head % heads;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    const int warps = blockDim.x / WARP_SIZE;
+    const int block_warps = blockDim.x / WARP_SIZE;
     // The batch's description (positions, block tables) is written by the host alone, so the
     // chain of loads from the position to the first tile's slots runs before the wait for the
     // previous kernel, which wrote q.
@@ -183,92 +188,114 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
         q_shared[d] = q[q_row + d] * scale;
     }
     __syncthreads();
-    // The warp's result over the ranges it has finished, and over the tiles of its current one.
-    float max = -INFINITY, sum = 0.0f, acc[PER_LANE] = {0};
-    float range_max = -INFINITY, range_sum = 0.0f, range_acc[PER_LANE] = {0};
-    for (unsigned tile_index = first_tile + warp; tile_index < end_tile; tile_index += warps) {
-        const unsigned tile = 32u * tile_index;
-        const bool valid = tile + lane <= last;
-        // The next tile's slot is asked for while this one is scored.
-        const unsigned slot = next_slot;
-        next_slot = slot_in(tile_index + warps);
-        float score = -INFINITY;
-        if (valid) {
-            const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
-            unsigned row[HEAD_DIM / 2];
-            load_half_words<HEAD_DIM>(k, row);
-            score = zero_after<HEAD_DIM / 2>(row);
-#pragma unroll
-            for (int d = 0; d < HEAD_DIM; d += 2) {
-                const float2 f = __half22float2(*(const __half2 *)&row[d / 2]);
-                score += q_shared[d] * f.x + q_shared[d + 1] * f.y;
-            }
+    // Where part w's result for a range goes: [token, head][range][part].
+    const auto part_at = [&](unsigned range, int w) {
+        return parts + (((size_t)token_head * ATTENTION_SPLITS + range) * warps + w) * PART;
+    };
+    // This lane's share of part w's result (maximum, sum, values) in the block's shared memory.
+    const auto keep = [&](int w, float max, float sum, const float (&acc)[PER_LANE]) {
+        if (lane == 0) {
+            max_shared[w] = max;
+            sum_shared[w] = sum;
         }
-        const float new_max = fmaxf(range_max, warp_max(score));
-        const float correction = __expf(range_max - new_max);
-        const float weight = valid ? __expf(score - new_max) : 0.0f;
-        range_sum = range_sum * correction + warp_sum(weight);
 #pragma unroll
         for (int i = 0; i < PER_LANE; i++) {
-            range_acc[i] *= correction;
+            acc_shared[w][lane * PER_LANE + i] = acc[i];
         }
-        const int count = min(32, (int)(last - tile) + 1);
-        // The V rows of a group of positions, this lane's dimensions of each, all loaded
-        // before any is used (past the sequence's end those of slot 0, a lane's slot there);
-        // only the sequence's positions are added. A group's words fill at most 64 registers.
-        constexpr int WORDS = (PER_LANE + 1) / 2;
-        constexpr int GROUP = 64 / WORDS < WARP_SIZE ? 64 / WORDS : WARP_SIZE;
+    };
+    for (int w = warp; w < warps; w += block_warps) {
+        // The part's result over the ranges it has finished, and over the tiles of its
+        // current one.
+        float max = -INFINITY, sum = 0.0f, acc[PER_LANE] = {0};
+        float range_max = -INFINITY, range_sum = 0.0f, range_acc[PER_LANE] = {0};
+        if (w != warp) {
+            next_slot = slot_in(first_tile + w);
+        }
+        for (unsigned tile_index = first_tile + w; tile_index < end_tile; tile_index += warps) {
+            const unsigned tile = 32u * tile_index;
+            const bool valid = tile + lane <= last;
+            // The next tile's slot is asked for while this one is scored.
+            const unsigned slot = next_slot;
+            next_slot = slot_in(tile_index + warps);
+            float score = -INFINITY;
+            if (valid) {
+                const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
+                unsigned row[HEAD_DIM / 2];
+                load_half_words<HEAD_DIM>(k, row);
+                score = zero_after<HEAD_DIM / 2>(row);
 #pragma unroll
-        for (int j0 = 0; j0 < WARP_SIZE; j0 += GROUP) {
-            unsigned v[GROUP * WORDS];
-#pragma unroll
-            for (int j = 0; j < GROUP; j++) {
-                load_half_words<PER_LANE>(v_cache + (size_t)SHFL(slot, j0 + j) * kv_width +
-                                              (size_t)kv_head * HEAD_DIM +
-                                              (size_t)lane * PER_LANE,
-                                          v + j * WORDS);
+                for (int d = 0; d < HEAD_DIM; d += 2) {
+                    const float2 f = __half22float2(*(const __half2 *)&row[d / 2]);
+                    score += q_shared[d] * f.x + q_shared[d + 1] * f.y;
+                }
             }
-            const float zero = zero_after<GROUP * WORDS>(v);
+            const float new_max = fmaxf(range_max, warp_max(score));
+            const float correction = __expf(range_max - new_max);
+            const float weight = valid ? __expf(score - new_max) : 0.0f;
+            range_sum = range_sum * correction + warp_sum(weight);
 #pragma unroll
-            for (int j = 0; j < GROUP; j++) {
-                // The weights are at least +0, so adding +0 changes none.
-                const float w = SHFL(weight, j0 + j) + zero;
-                if (j0 + j < count) {
+            for (int i = 0; i < PER_LANE; i++) {
+                range_acc[i] *= correction;
+            }
+            const int count = min(32, (int)(last - tile) + 1);
+            // The V rows of a group of positions, this lane's dimensions of each, all loaded
+            // before any is used (past the sequence's end those of slot 0, a lane's slot
+            // there); only the sequence's positions are added. A group's words fill at most 64
+            // registers.
+            constexpr int WORDS = (PER_LANE + 1) / 2;
+            constexpr int GROUP = 64 / WORDS < WARP_SIZE ? 64 / WORDS : WARP_SIZE;
 #pragma unroll
-                    for (int i = 0; i < PER_LANE; i++) {
-                        range_acc[i] += w * half_at(v + j * WORDS, i);
+            for (int j0 = 0; j0 < WARP_SIZE; j0 += GROUP) {
+                unsigned v[GROUP * WORDS];
+#pragma unroll
+                for (int j = 0; j < GROUP; j++) {
+                    load_half_words<PER_LANE>(v_cache + (size_t)SHFL(slot, j0 + j) * kv_width +
+                                                  (size_t)kv_head * HEAD_DIM +
+                                                  (size_t)lane * PER_LANE,
+                                              v + j * WORDS);
+                }
+                const float zero = zero_after<GROUP * WORDS>(v);
+#pragma unroll
+                for (int j = 0; j < GROUP; j++) {
+                    // The weights are at least +0, so adding +0 changes none.
+                    const float weight_j = SHFL(weight, j0 + j) + zero;
+                    if (j0 + j < count) {
+#pragma unroll
+                        for (int i = 0; i < PER_LANE; i++) {
+                            range_acc[i] += weight_j * half_at(v + j * WORDS, i);
+                        }
                     }
                 }
             }
+            range_max = new_max;
+            // A lone block's part folds each range's result once it has its last tile (a
+            // range without tiles of the part's would fold as nothing: (-inf, 0, 0)).
+            const unsigned next = tile_index + warps;
+            if (alone && (next >= end_tile || next / per_range != tile_index / per_range)) {
+                fold(max, sum, acc, range_max, range_sum, range_acc);
+                range_max = -INFINITY;
+                range_sum = 0.0f;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; i++) {
+                    range_acc[i] = 0.0f;
+                }
+            }
         }
-        range_max = new_max;
-        // A lone block's warp folds each range's result once it has its last tile (a range
-        // without tiles of the warp's would fold as nothing: (-inf, 0, 0)).
-        const unsigned next = tile_index + warps;
-        if (alone && (next >= end_tile || next / per_range != tile_index / per_range)) {
-            fold(max, sum, acc, range_max, range_sum, range_acc);
-            range_max = -INFINITY;
-            range_sum = 0.0f;
+        if (alone) {
+            keep(w, max, sum, acc);
+        } else {
+            float *part = part_at(first_range, w);
+            if (lane == 0) {
+                part[0] = range_max;
+                part[1] = range_sum;
+            }
 #pragma unroll
             for (int i = 0; i < PER_LANE; i++) {
-                range_acc[i] = 0.0f;
+                part[2 + lane * PER_LANE + i] = range_acc[i];
             }
         }
     }
     if (!alone) {
-        // Where this warp's result for a range goes: [token, head][range][warp].
-        const auto warp_part = [&](unsigned range) {
-            return parts + (((size_t)token_head * ATTENTION_SPLITS + range) * warps + warp) * PART;
-        };
-        float *part = warp_part(first_range);
-        if (lane == 0) {
-            part[0] = range_max;
-            part[1] = range_sum;
-        }
-#pragma unroll
-        for (int i = 0; i < PER_LANE; i++) {
-            part[2 + lane * PER_LANE + i] = range_acc[i];
-        }
         // The results are visible to every block before this block's arrival counts.
         __threadfence();
         __syncthreads();
@@ -283,25 +310,21 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
         if (threadIdx.x == 0) {
             arrivals[token_head] = 0;
         }
-        // Every block's results are there: each warp folds its own in range order, read through
+        // Every block's results are there: each part's are folded in range order, read through
         // volatile (past this SM's cache, for those other blocks wrote).
-        for (unsigned range = 0; range < used; range++) {
-            const volatile float *part = warp_part(range);
-            float range_acc[PER_LANE];
+        for (int w = warp; w < warps; w += block_warps) {
+            float max = -INFINITY, sum = 0.0f, acc[PER_LANE] = {0};
+            for (unsigned range = 0; range < used; range++) {
+                const volatile float *part = part_at(range, w);
+                float range_acc[PER_LANE];
 #pragma unroll
-            for (int i = 0; i < PER_LANE; i++) {
-                range_acc[i] = part[2 + lane * PER_LANE + i];
+                for (int i = 0; i < PER_LANE; i++) {
+                    range_acc[i] = part[2 + lane * PER_LANE + i];
+                }
+                fold(max, sum, acc, part[0], part[1], range_acc);
             }
-            fold(max, sum, acc, part[0], part[1], range_acc);
+            keep(w, max, sum, acc);
         }
-    }
-    if (lane == 0) {
-        max_shared[warp] = max;
-        sum_shared[warp] = sum;
-    }
-#pragma unroll
-    for (int i = 0; i < PER_LANE; i++) {
-        acc_shared[warp][lane * PER_LANE + i] = acc[i];
     }
     __syncthreads();
     if (threadIdx.x < warps) {
@@ -322,7 +345,7 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
             value += acc_shared[w][d] * factor_shared[w];
         }
         out[q_row + d] = value / total;
-        // Warp w writes 32 consecutive values, one group of the quantized copy the output
+        // Each warp writes 32 consecutive values, one group of the quantized copy the output
         // projection takes (HEAD_DIM is a multiple of 32, so every lane of the warp is here).
         if (quantized.hi != nullptr) {
             quantize_group(value / total, (long long)(q_row + d) / WARP_SIZE, quantized);
@@ -336,11 +359,13 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
         attention_##head_dim(                                                                  \
         const float *q, const __half *k_cache, const __half *v_cache,                          \
         const unsigned *positions, const unsigned *table_offsets, const unsigned *block_ids,   \
-        int block_tokens, int heads, int kv_heads, float scale, int blocks_per_head,           \
-        float *parts, unsigned *arrivals, float *out, QuantizedOut quantized) {                \
+        int block_tokens, int heads, int kv_heads, float scale, int warps,                     \
+        int blocks_per_head, float *parts, unsigned *arrivals, float *out,                     \
+        QuantizedOut quantized) {                                                              \
         attention_heads<head_dim / WARP_SIZE>(q, k_cache, v_cache, positions, table_offsets,   \
                                               block_ids, block_tokens, heads, kv_heads, scale,  \
-                                              blocks_per_head, parts, arrivals, out, quantized);\
+                                              warps, blocks_per_head, parts, arrivals, out,     \
+                                              quantized);                                      \
     }
 // Every multiple of 32 up to 256 (HEAD_DIMS in crates/backend/src/gpu/mod.rs).
 ATTENTION_INSTANCE(32)

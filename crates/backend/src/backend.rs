@@ -249,7 +249,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Self::Batch, Error>;
     /// Copies a batch description to the device. Fails if it exceeds the buffer's capacity.
     /// Returns what the backend's launches for the batch depend on besides its size (the GPU's
-    /// attention: how many blocks share a head of its longest sequence), for
+    /// attention: how many blocks share a head, and how many warps a block runs), for
     /// [`PassShape::variant`]; 0 where nothing does.
     fn set_batch(&self, dst: &mut Self::Batch, src: &RaggedBatch) -> Result<u32, Error>;
 

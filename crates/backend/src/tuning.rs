@@ -9,9 +9,11 @@ use crate::Error;
 pub struct GpuTuning {
     /// Weight rows per block of the matrix-vector kernels, one warp (wave) each.
     pub matvec_warps: u32,
-    /// Warps (waves) per block of attention, one block per token and query head: they split
-    /// the positions between them. Changing it changes the order in which a head's partial
-    /// sums are merged, so logits move within rounding.
+    /// Parts of attention's work on a (token, query head), each a warp's (wave's) in its block:
+    /// they split the positions between them. Changing it changes the order in which a head's
+    /// partial sums are merged, so logits move within rounding. A batch whose sequences are
+    /// all shorter than this many tiles of 32 positions runs fewer warps per block, each taking
+    /// parts in turn, with the same arithmetic.
     pub attention_warps: u32,
     /// Up to this many activation rows, a quantized matvec runs its one-row instance once per
     /// row, reading the weights from memory once and then from cache, instead of the
