@@ -165,7 +165,10 @@ static __device__ void mmq(const uint8_t *w, int rows, const float *bias, float 
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
                         const QSpan &sp = c < 2 ? sp_g : sp_g8;
-                        const SpanDots dots = {lo_hi[c], lo_lo[c], hi_hi[c], hi_lo[c]};
+                        // The sums start at BIASED_ZERO here, not in the mma: its accumulator
+                        // held in a register made prefill 1.5% slower on the H200.
+                        const SpanDots dots = {BIASED_ZERO + lo_hi[c], BIASED_ZERO + lo_lo[c],
+                                               BIASED_ZERO + hi_hi[c], BIASED_ZERO + hi_lo[c]};
                         sums[m % MMQ_LANES_PER_WARP][j][c] +=
                             span_value(sp, dots, activation_row(x, cols, c_rows[j][c % 2]));
                     }

@@ -68,14 +68,14 @@
 #define MMT_Q6_K_SKEWS (MMT_BLOCK_ROWS * MMT_Q6_K_STRIDE)
 #define MMT_Q6_K_TILE (MMT_Q6_K_SKEWS + MMT_BLOCK_ROWS)
 
-// c = a . b over 32 columns: a 16 x 32 (row), b 32 x 8 (column), in the fragment layout of
-// PTX's m16n8k32 .s8 mma (lane = 4 * group + t: a0, a2 row `group`, a1, a3 row group + 8, each
-// four columns 4t.. and 16 + 4t..; b0, b1 the same columns of column `group`).
+// c = BIASED_ZERO + a . b over 32 columns: a 16 x 32 (row), b 32 x 8 (column), in the fragment
+// layout of PTX's m16n8k32 .s8 mma (lane = 4 * group + t: a0, a2 row `group`, a1, a3 row
+// group + 8, each four columns 4t.. and 16 + 4t..; b0, b1 the same columns of column `group`).
 static __device__ __forceinline__ void mma_k32(int c[4], const int a[4], int b0, int b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(BIASED_ZERO));
 }
 
 // c = a . b over 16 columns, in the layout of m16n8k16 .s8: a_g row `group`, a_g8 row group + 8,
@@ -203,13 +203,15 @@ static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage
 }
 
 // The value of one Q4_K sub-block of 32 weights times 32 activations: from the integer dot
-// products of its quants with each activation part, its 6-bit scale and minimum, the block's
-// d and dmin, the activations' (d_hi, d_lo) and the sum of their 32 values. Spelled with
-// rounding intrinsics: the streamed matmul and its one-row kernel compute it alike.
+// products of its quants with each activation part (from BIASED_ZERO), its 6-bit scale and
+// minimum, the block's d and dmin, the activations' (d_hi, d_lo) and the sum of their 32
+// values. Spelled with rounding intrinsics: the streamed matmul and its one-row kernel compute
+// it alike.
 static __device__ __forceinline__ float q4_k_sub_block_value(float d, float dmin, int sc, int m,
                                                             float2 x, float x_sum, int dot_hi,
                                                             int dot_lo) {
-    const float v = __fmaf_rn(x.x, exact_float(dot_hi), __fmul_rn(x.y, exact_float(dot_lo)));
+    const float v =
+        __fmaf_rn(x.x, unbiased_float(dot_hi), __fmul_rn(x.y, unbiased_float(dot_lo)));
     return __fmaf_rn(__fmul_rn(d, (float)sc), v, -__fmul_rn(__fmul_rn(dmin, (float)m), x_sum));
 }
 
@@ -745,6 +747,8 @@ struct Q4KRow {
         load16(hi + 16, h + 4);
         load16(lo, l);
         load16(lo + 16, l + 4);
+        // From 0, not BIASED_ZERO: ptxas folds the bias in either way, and starting there
+        // made mmt_pair_q4_k spill at its 64 registers.
         int dot_hi = 0, dot_lo = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -753,7 +757,8 @@ struct Q4KRow {
             dot_lo = DP4A(nibbles, l[i], dot_lo);
         }
         return q4_k_sub_block_value(half_of(head.x, false), half_of(head.x, true), sc, m, x,
-                                    __fadd_rn(sums[0], sums[1]), dot_hi, dot_lo);
+                                    __fadd_rn(sums[0], sums[1]), BIASED_ZERO + dot_hi,
+                                    BIASED_ZERO + dot_lo);
     }
 };
 

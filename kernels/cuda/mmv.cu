@@ -19,13 +19,14 @@
 // The most warps of a matvec block (1,024 threads).
 #define MMV_MAX_WARPS 32
 
-// The dot products of one run's 16 quants with 16 quantized activations, high and low part.
+// The dot products of one run's 16 quants with 16 quantized activations, high and low part,
+// from BIASED_ZERO (span_value's operands).
 static __device__ __forceinline__ int2 run_dots(const int q[4], const QuantizedRow &x,
                                                 unsigned start) {
     int h[4], l[4];
     load16((const uint8_t *)(x.hi + start), h);
     load16((const uint8_t *)(x.lo + start), l);
-    int dot_hi = 0, dot_lo = 0;
+    int dot_hi = BIASED_ZERO, dot_lo = BIASED_ZERO;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         dot_hi = DP4A(q[i], h[i], dot_hi);

@@ -241,17 +241,11 @@ static __device__ __forceinline__ QuantizedRow activation_row(const QuantizedRow
 }
 
 // The integer dot products of a span's two runs with one row of quantized activations: run lo
-// with the high and the low part, then run hi with both. Exact, however they are computed.
+// with the high and the low part, then run hi with both, each summed from BIASED_ZERO
+// (quant.cuh). Exact, however they are computed.
 struct SpanDots {
     int lo_hi, lo_lo, hi_hi, hi_lo;
 };
-
-// i as a float, exactly, for |i| < 2^22: added to 1.5 * 2^23 in the mantissa, then the offset
-// taken off. Two full-rate instructions, where the conversion instruction runs at an eighth of
-// the float rate on the NVIDIA architectures we ship (16 per clock and SM).
-static __device__ __forceinline__ float exact_float(int i) {
-    return __fsub_rn(__int_as_float(0x4B400000 + i), 12582912.0f);
-}
 
 // The span's value from its dot products with activation row x: per run,
 // d * (d_hi(x) * (quants . hi) + d_lo(x) * (quants . lo)) + m * (sum of the activations).
@@ -260,10 +254,10 @@ static __device__ __forceinline__ float exact_float(int i) {
 static __device__ __forceinline__ float span_value(const QSpan &sp, const SpanDots &dots,
                                                    const QuantizedRow &x) {
     const float2 x_lo = x.scales[sp.first / SPAN], x_hi = x.scales[sp.second / SPAN];
-    const float lo = __fmaf_rn(x_lo.x, exact_float(dots.lo_hi),
-                               __fmul_rn(x_lo.y, exact_float(dots.lo_lo)));
-    const float hi = __fmaf_rn(x_hi.x, exact_float(dots.hi_hi),
-                               __fmul_rn(x_hi.y, exact_float(dots.hi_lo)));
+    const float lo = __fmaf_rn(x_lo.x, unbiased_float(dots.lo_hi),
+                               __fmul_rn(x_lo.y, unbiased_float(dots.lo_lo)));
+    const float hi = __fmaf_rn(x_hi.x, unbiased_float(dots.hi_hi),
+                               __fmul_rn(x_hi.y, unbiased_float(dots.hi_lo)));
     return __fadd_rn(__fmaf_rn(sp.m_lo, x.sums[sp.first / 16], __fmul_rn(sp.d_lo, lo)),
                      __fmaf_rn(sp.m_hi, x.sums[sp.second / 16], __fmul_rn(sp.d_hi, hi)));
 }

@@ -98,11 +98,21 @@ static __device__ __forceinline__ void scale_min_k4_words(const unsigned q[3], u
     *m = j < 4 ? m_first : m_last;
 }
 
-// Byte i (0..3) of w as a float, exactly: the byte is put under the bits of 1.5 * 2^23 by one
-// byte permute and that offset taken off, two full-rate instructions where a conversion runs at
-// an eighth of the float rate (exact_float in qspan.cuh does the same for a dot product).
+// The bits of 1.5 * 2^23, where an integer that is to become a float starts: while it stays
+// within 2^22 of them, the integer read as a float is 1.5 * 2^23 plus its offset exactly, and
+// one subtraction (unbiased_float) gives the offset's value. The conversion instruction runs at
+// an eighth of the float rate on the NVIDIA architectures we ship (16 per clock and SM); a dot
+// product started there (a DP4A chain's or an mma's accumulator) costs nothing more.
+#define BIASED_ZERO 0x4B400000
+
+// The offset from BIASED_ZERO of `biased`, as a float, exactly (see BIASED_ZERO).
+static __device__ __forceinline__ float unbiased_float(int biased) {
+    return __fsub_rn(__int_as_float(biased), 12582912.0f);
+}
+
+// Byte i (0..3) of w as a float, exactly: one byte permute puts it under BIASED_ZERO's bits.
 static __device__ __forceinline__ float byte_float(unsigned w, unsigned i) {
-    return __fsub_rn(__int_as_float((int)__byte_perm(0x4B400000u, w, 0x3204u | i)), 12582912.0f);
+    return unbiased_float((int)__byte_perm((unsigned)BIASED_ZERO, w, 0x3204u | i));
 }
 
 // The block's first 16 bytes (d, dmin and the scales) in one aligned load, not byte by byte:
