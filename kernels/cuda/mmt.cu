@@ -113,44 +113,55 @@ template <int pending> static __device__ __forceinline__ void wait_copies() {
     asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
 }
 
+// The weight row whose pieces this thread stages, of the block's rows row0.. (the last row
+// repeated past `rows`): each row has two threads, which take every other 16-byte piece. The
+// row is the same for every super-block, so a stage's copies need no address arithmetic but
+// the super-block's offset (a division and a clamp per piece made staging a fifth of the
+// loop's instructions).
+static_assert(MMT_WARPS * WARP_SIZE == 2 * MMT_BLOCK_ROWS, "two threads stage each row");
+static_assert(MMT_Q6_K_WORDS % 2 == 0, "a Q6_K row's words split between its two threads");
+static __device__ __forceinline__ int staged_row(int row0, int rows) {
+    return min(row0 + (int)threadIdx.x / 2, rows - 1);
+}
+
 // Copies super-block blk of the block's rows row0.. (the last row repeated past `rows`) into a
 // stage.
 static __device__ __forceinline__ void stage_q4_k_weights(uint8_t *stage, const uint8_t *w,
                                                           int row0, int rows,
                                                           unsigned long long row_bytes,
                                                           unsigned blk) {
-    for (int p = threadIdx.x; p < MMT_BLOCK_ROWS * 9; p += blockDim.x) {
-        const int r = p / 9, piece = p % 9;
-        const int row = min(row0 + r, rows - 1);
-        copy16_async(stage + r * MMT_Q4_K_STRIDE + 16 * piece,
-                     w + (size_t)row * row_bytes + (size_t)blk * 144 + 16 * piece);
+    const uint8_t *from = w + (size_t)staged_row(row0, rows) * row_bytes + (size_t)blk * 144;
+    uint8_t *to = stage + threadIdx.x / 2 * MMT_Q4_K_STRIDE;
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        const int piece = 2 * k + threadIdx.x % 2;
+        if (piece < 9) {
+            copy16_async(to + 16 * piece, from + 16 * piece);
+        }
     }
 }
 
 // Copies the activations of super-block blk for rows t0.. into a stage's tile: both parts,
-// and per group of 32 (d_hi, d_lo, sum of the first 16, sum of the second 16).
+// and per group of 32 (d_hi, d_lo, sum of the first 16, sum of the second 16). Thread
+// 16 * tok + piece of the first MMT_TOKENS * 16 copies piece `piece` of both parts of row
+// tok and one of its scale and sum pairs.
 static __device__ __forceinline__ void stage_activations(uint8_t *stage, const signed char *x_hi,
                                                          const signed char *x_lo,
                                                          const float2 *x_scales,
                                                          const float *x_sums, int cols,
                                                          int t0, int tokens, unsigned blk) {
-    const unsigned groups = cols / SPAN;
-    for (int p = threadIdx.x; p < MMT_TOKENS * 32; p += blockDim.x) {
-        const int tok = p / 32, part = (p / 16) % 2, piece = p % 16;
-        if (t0 + tok < tokens) {
-            copy16_async(stage + (part ? MMT_X_LO : MMT_X_HI) + tok * MMT_X_STRIDE + 16 * piece,
-                         (part ? x_lo : x_hi) + (size_t)(t0 + tok) * cols + 256 * blk +
-                             16 * piece);
-        }
+    const int tok = threadIdx.x / 16, piece = threadIdx.x % 16;
+    if (tok >= MMT_TOKENS || t0 + tok >= tokens) {
+        return;
     }
-    for (int p = threadIdx.x; p < MMT_TOKENS * 16; p += blockDim.x) {
-        const int tok = p / 16, g = (p / 2) % 8, sums = p % 2;
-        if (t0 + tok < tokens) {
-            const size_t group = (size_t)(t0 + tok) * groups + 8 * blk + g;
-            copy8_async(stage + MMT_SCALES + tok * MMT_S_STRIDE + 16 * g + 8 * sums,
-                        sums ? (const void *)(x_sums + 2 * group) : (const void *)(x_scales + group));
-        }
-    }
+    const size_t at = (size_t)(t0 + tok) * cols + 256 * blk + 16 * piece;
+    uint8_t *to = stage + tok * MMT_X_STRIDE + 16 * piece;
+    copy16_async(to + MMT_X_HI, x_hi + at);
+    copy16_async(to + MMT_X_LO, x_lo + at);
+    const int g = piece / 2, sums = piece % 2;
+    const size_t group = (size_t)(t0 + tok) * (cols / SPAN) + 8 * blk + g;
+    copy8_async(stage + MMT_SCALES + tok * MMT_S_STRIDE + 16 * g + 8 * sums,
+                sums ? (const void *)(x_sums + 2 * group) : (const void *)(x_scales + group));
 }
 
 // The integer products of sub-block `sub` of a staged super-block (pa, pb: this lane's bytes
@@ -326,15 +337,18 @@ static __device__ __forceinline__ void stage_q6_k_weights(uint8_t *stage, const 
                                                           int row0, int rows,
                                                           unsigned long long row_bytes,
                                                           unsigned blk) {
-    for (int p = threadIdx.x; p < MMT_BLOCK_ROWS * MMT_Q6_K_WORDS; p += blockDim.x) {
-        const int r = p / MMT_Q6_K_WORDS, word = p % MMT_Q6_K_WORDS;
-        const int row = min(row0 + r, rows - 1);
-        const uint8_t *block = w + (size_t)row * row_bytes + (size_t)blk * BlockQ6_K::BYTES;
-        const unsigned skew = (unsigned)((size_t)block % 16);
-        copy16_async(stage + r * MMT_Q6_K_STRIDE + 16 * word, block - skew + 16 * word);
-        if (word == 0) {
-            stage[MMT_Q6_K_SKEWS + r] = (uint8_t)skew;
-        }
+    const int r = threadIdx.x / 2;
+    const uint8_t *block =
+        w + (size_t)staged_row(row0, rows) * row_bytes + (size_t)blk * BlockQ6_K::BYTES;
+    const unsigned skew = (unsigned)((size_t)block % 16);
+    uint8_t *to = stage + r * MMT_Q6_K_STRIDE;
+#pragma unroll
+    for (int k = 0; k < MMT_Q6_K_WORDS / 2; k++) {
+        const int word = 2 * k + threadIdx.x % 2;
+        copy16_async(to + 16 * word, block - skew + 16 * word);
+    }
+    if (threadIdx.x % 2 == 0) {
+        stage[MMT_Q6_K_SKEWS + r] = (uint8_t)skew;
     }
 }
 
