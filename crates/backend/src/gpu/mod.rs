@@ -928,9 +928,9 @@ impl AttentionLaunch {
     /// `warps` parts each, on a GPU of `multiprocessors` SMs; `split` lets a head's ranges have
     /// blocks of their own.
     ///
-    /// A pass with more blocks than SMs gets as many warps per block as its busiest part has
-    /// tiles of 32 positions, rounded up to a power of two: a batch of short sequences (most
-    /// parts idle) then fits several blocks on an SM instead of one (on the H200, 1.5B, 64
+    /// A pass with more blocks than SMs gets as many warps per block as its longest sequence has
+    /// tiles of 32 positions (the parts past them have none), rounded up to a power of two: a
+    /// batch of short sequences then fits several blocks on an SM instead of one (on the H200, 1.5B, 64
     /// sequences at 128 to 192 positions decode 6% faster with the streamed matmul). Fewer
     /// blocks gain nothing from it, and each launch shape is one more recorded graph.
     fn of(
@@ -1808,7 +1808,7 @@ mod tests {
         // Four of them are 48 blocks, one each on 132 SMs.
         assert_eq!(launch(&short[..4], true).block_warps, 16);
         // One sequence of 1,100 positions among short ones: every part has tiles.
-        let mixed = launch(&[1_099, 39, 299], true);
+        let mixed = launch(&[1_099, 39, 299, 39, 39, 39, 39, 39], true);
         assert_eq!((mixed.blocks_per_head, mixed.block_warps), (3, 16));
         // The ranges are those of the sequence that has most, not of the longest.
         assert_eq!(launch(&[4_095, 4_096], true).blocks_per_head, 8);
