@@ -116,10 +116,10 @@ static __device__ __forceinline__ void fold(float &max, float &sum, float (&acc)
 // the tile for its own PER_LANE dimensions. A part's results for the ranges, in range order, are
 // folded into its own, and the parts' are merged in a fixed order.
 //
-// A block's warps take its parts w, w + (its warps), ...: the host launches as many warps as
-// the busiest part has tiles to take, at most `warps`, so that a batch of short sequences
-// (most parts idle) fits several blocks on an SM, and the arithmetic is the same whatever the
-// block's size.
+// A block's warps take its parts w, w + (its warps), ...: any number of warps gives the same
+// arithmetic, so the host launches fewer than `warps` where most parts have no tile (a batch
+// of short sequences), to fit several blocks on an SM (AttentionLaunch in
+// crates/backend/src/gpu/mod.rs).
 //
 // A head has `blocks_per_head` blocks: one range each, so that a long sequence's K and V stream
 // through as many SMs (decode and short verify passes, which have few blocks otherwise), or a
