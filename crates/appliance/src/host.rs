@@ -122,7 +122,8 @@ pub struct EngineDefaults {
 pub struct KernelTuning {
     /// Weight rows per block of the matrix-vector kernels, one warp (wave) each.
     pub matvec_warps: u32,
-    /// Warps (waves) per block of attention, one block per token and query head.
+    /// Parts of attention per token and query head, a warp (wave) each; a batch of short
+    /// sequences runs fewer warps per block, each taking several parts.
     pub attention_warps: u32,
     /// Up to this many activation rows, a matvec runs its one-row kernel once per row.
     pub matvec_loop_rows: u32,
