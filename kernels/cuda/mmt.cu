@@ -130,12 +130,14 @@ static __device__ __forceinline__ void stage_q4_k_weights(uint8_t *stage, const 
                                                           int row0, int rows,
                                                           unsigned long long row_bytes,
                                                           unsigned blk) {
-    const uint8_t *from = w + (size_t)staged_row(row0, rows) * row_bytes + (size_t)blk * 144;
+    constexpr int PIECES = BlockQ4_K::BYTES / 16;
+    const uint8_t *from =
+        w + (size_t)staged_row(row0, rows) * row_bytes + (size_t)blk * BlockQ4_K::BYTES;
     uint8_t *to = stage + threadIdx.x / 2 * MMT_Q4_K_STRIDE;
 #pragma unroll
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < (PIECES + 1) / 2; k++) {
         const int piece = 2 * k + threadIdx.x % 2;
-        if (piece < 9) {
+        if (piece < PIECES) {
             copy16_async(to + 16 * piece, from + 16 * piece);
         }
     }
