@@ -354,6 +354,81 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
     bytes
 }
 
+#[test]
+#[ignore = "needs a GPU"]
+fn argmax_on_the_device_is_the_host_s_on_ties_nan_and_chunk_edges() {
+    // A Qwen vocabulary (37 whole chunks of 4,096 columns and part of one), one chunk exactly,
+    // and a row narrower than a chunk's first turn.
+    const WIDTHS: [usize; 3] = [151_936, 4096, 33];
+    let gpu = gpu();
+    let mut rng = Rng::seeded(5);
+    for cols in WIDTHS {
+        let random = |rng: &mut Rng| -> Vec<f32> {
+            (0..cols)
+                .map(|_| (rng.next_u64() % 20_001) as f32 / 1000.0 - 10.0)
+                .collect()
+        };
+        let mut rows = Vec::new();
+        rows.push(random(&mut rng));
+        // The maximum twice: far apart (other chunks when the row has them), and adjacent
+        // (one thread's columns are a block apart, so two threads).
+        for (a, b) in [
+            (cols / 3, cols - 1),
+            (cols / 2, cols / 2 + 1),
+            (0, cols - 1),
+        ] {
+            let mut row = random(&mut rng);
+            row[a] = 100.0;
+            row[b] = 100.0;
+            rows.push(row);
+        }
+        // The maximum in the last column alone.
+        let mut row = random(&mut rng);
+        row[cols - 1] = 100.0;
+        rows.push(row);
+        // All equal: the first.
+        rows.push(vec![0.5; cols]);
+        // Nothing above -infinity: 0.
+        rows.push(vec![f32::NEG_INFINITY; cols]);
+        // NaN never wins, whatever it stands beside.
+        let mut row = vec![f32::NAN; cols];
+        row[cols - 2] = -1e30;
+        rows.push(row);
+        let mut row = vec![f32::NEG_INFINITY; cols];
+        row[cols / 2] = f32::NAN;
+        rows.push(row);
+        let mut row = random(&mut rng);
+        for v in row.iter_mut().step_by(7) {
+            *v = f32::NAN;
+        }
+        rows.push(row);
+        let mut writer = GgufWriter::new();
+        writer.tensor(
+            "table",
+            &[cols as u64, rows.len() as u64],
+            GgmlType::F32,
+            f32_bytes(&rows.concat()),
+        );
+        let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
+        let table = gpu
+            .load_matrix(&file, "table", ActivationPrecision::Split)
+            .unwrap();
+        let ids: Vec<u32> = (0..rows.len() as u32).collect();
+        let (_batch, x) = embedded(&gpu, &table, &ids, cols);
+        let mut device = vec![u32::MAX; rows.len()];
+        gpu.argmax_rows(&x, &mut device).unwrap();
+        let host: Vec<u32> = rows
+            .iter()
+            .map(|row| lucebox_backend::argmax(row))
+            .collect();
+        assert_eq!(device, host, "{cols} columns");
+        println!(
+            "{cols} columns: {} rows, every index the host's",
+            rows.len()
+        );
+    }
+}
+
 /// Rows `ids` of `table`, `cols` wide, embedded on `gpu` as one sequence's activations, with
 /// the batch they came through (kept until the work queued on it has run).
 fn embedded(

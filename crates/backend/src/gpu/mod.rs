@@ -33,6 +33,9 @@ pub use runtime::{KernelArg, QuantizedOut, Runtime};
 const ROW_THREADS: u32 = 256;
 /// The most threads of a `rope_store_kv` block (one per rotated pair of a token's q and k).
 const ROPE_STORE_MAX_THREADS: u32 = 1024;
+/// The columns of a row that each block of `argmax_rows` takes: its [`ROW_THREADS`] threads
+/// read 16 each (ARGMAX_CHUNK in kernels/cuda/argmax.cu).
+const ARGMAX_CHUNK: usize = 4096;
 /// Lanes per warp (CUDA) or wave (HIP): the kernels reduce over 32 lanes, and the HIP build
 /// refuses wave64 (kernels/portable.cuh).
 const LANES: u32 = 32;
@@ -146,8 +149,8 @@ pub struct GpuBackend<R: Runtime> {
     graphs: bool,
     /// The launch shapes of the kernels a host profile tunes.
     tuning: GpuTuning,
-    /// The device-side result of [`Backend::argmax_rows`], grown to the most rows asked for.
-    argmax: Mutex<Option<Buffer<R, u32>>>,
+    /// The device-side buffers of [`Backend::argmax_rows`], grown to the most asked for.
+    argmax: Mutex<ArgmaxBuffers<R>>,
     /// Whether tokens are drawn on the device ([`Backend::samples_rows`]; `R::SAMPLING_VAR=0`
     /// leaves them to the host), and its buffers.
     samples_rows: bool,
@@ -332,7 +335,12 @@ impl<R: Runtime> GpuBackend<R> {
             multiprocessors: multiprocessors.max(1) as usize,
             graphs,
             tuning,
-            argmax: Mutex::new(None),
+            argmax: Mutex::new(ArgmaxBuffers {
+                chunk_values: None,
+                chunk_indices: None,
+                arrivals: None,
+                best: None,
+            }),
             samples_rows,
             sampling: Mutex::new(sample::SampleBuffers::new()),
             overlap: AtomicBool::new(false),
@@ -987,6 +995,15 @@ struct DeviceBatch<R: Runtime> {
     split_arrivals: Buffer<R, u32>,
 }
 
+/// `argmax_rows`' buffers: each chunk's best value and index, each row's count of chunks
+/// done (0 between launches), and each row's result.
+struct ArgmaxBuffers<R: Runtime> {
+    chunk_values: Option<Buffer<R, f32>>,
+    chunk_indices: Option<Buffer<R, u32>>,
+    arrivals: Option<Buffer<R, u32>>,
+    best: Option<Buffer<R, u32>>,
+}
+
 /// The kernels' `int` for a size the checks bounded.
 fn int(value: usize) -> KernelArg {
     KernelArg::I32(value as i32)
@@ -1637,17 +1654,28 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         if out.is_empty() {
             return Ok(());
         }
+        let rows = out.len();
+        let chunks = x.cols.div_ceil(ARGMAX_CHUNK).max(1);
         let mut guard = self.argmax.lock().unwrap_or_else(|e| e.into_inner());
-        let best = match &mut *guard {
-            Some(best) if best.len >= out.len() => best,
-            slot => slot.insert(self.zeros::<u32>(out.len(), "argmax")?),
-        };
+        let buffers = &mut *guard;
+        let values = sample::at_least(self, &mut buffers.chunk_values, rows * chunks, "argmax")?;
+        let indices = sample::at_least(self, &mut buffers.chunk_indices, rows * chunks, "argmax")?;
+        let arrivals = sample::at_least(self, &mut buffers.arrivals, rows, "argmax")?;
+        let best = sample::at_least(self, &mut buffers.best, rows, "argmax")?;
         self.launch(
             "argmax_rows",
             &self.kernels.argmax_rows,
-            out.len() as u32,
+            (rows * chunks) as u32,
             ROW_THREADS,
-            &[x.data.arg(), int(x.cols), best.arg()],
+            &[
+                x.data.arg(),
+                int(x.cols),
+                int(chunks),
+                values.arg(),
+                indices.arg(),
+                arrivals.arg(),
+                best.arg(),
+            ],
         )?;
         self.download("argmax_rows", best, out)
     }

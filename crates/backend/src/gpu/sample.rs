@@ -82,8 +82,8 @@ impl<R: Runtime> SampleBuffers<R> {
     }
 }
 
-/// `slot`'s buffer if it holds `len` values, else a new one.
-fn at_least<'a, R: Runtime, T: Element>(
+/// `slot`'s buffer if it holds `len` values, else a new one (zeroed).
+pub(super) fn at_least<'a, R: Runtime, T: Element>(
     backend: &GpuBackend<R>,
     slot: &'a mut Option<Buffer<R, T>>,
     len: usize,
