@@ -14,6 +14,14 @@ extern "C" __global__ void store_kv(const float *k, const float *v, const unsign
               blockIdx.x);
 }
 
+// A pass's unrotated k and v rows, for attention to rotate and store (a pass where each
+// sequence has one token), with the rotary tables (rotary_dims / 2 angles per token); k null
+// when rope_store_kv did that.
+struct FreshKv {
+    const float *k, *v, *cos, *sin;
+    int rotary_dims, neox;
+};
+
 // The most warps per block (GpuTuning::MAX_ATTENTION_WARPS).
 #define ATTENTION_MAX_WARPS 16
 
@@ -134,13 +142,21 @@ static __device__ __forceinline__ void fold(float &max, float &sum, float (&acc)
 // V) in a dozen blocks, so the kernel is written for few round trips: the table's and the first
 // slots' loads run before the previous kernel ends, a K row's loads go out together, the tile's
 // V rows, one vector load per position, all at once, and the next tile's slots with them.
+//
+// In a pass where each sequence has one token, attention also does rope_store_kv's work, which
+// would otherwise be one more kernel, and one more wait, in each layer of a decode step: with
+// `fresh.k` set, q, k and v are the projections' unrotated rows, each block rotates its head of
+// q as it loads it, and a block that takes the token's last tile rotates its kv head of k and
+// stores it and v in the token's slot before its barrier, after which its warps read them
+// there as any other position. The blocks of a kv head's query heads store the same bytes. The
+// rotation is rope_store_kv's (kv.cuh), so the bits are those of the two kernels.
 template <int PER_LANE>
-static __device__ void attention_heads(const float *q, const __half *k_cache,
-                                       const __half *v_cache, const unsigned *positions,
-                                       const unsigned *table_offsets, const unsigned *block_ids,
-                                       int block_tokens, int heads, int kv_heads, float scale,
-                                       int warps, int blocks_per_head, float *parts,
-                                       unsigned *arrivals, float *out, QuantizedOut quantized) {
+static __device__ void attention_heads(const float *q, __half *k_cache, __half *v_cache,
+                                       const unsigned *positions, const unsigned *table_offsets,
+                                       const unsigned *block_ids, int block_tokens, int heads,
+                                       int kv_heads, float scale, int warps, int blocks_per_head,
+                                       float *parts, unsigned *arrivals, float *out,
+                                       QuantizedOut quantized, FreshKv fresh) {
     constexpr int HEAD_DIM = PER_LANE * WARP_SIZE;
     // A part's result for a range in `parts`: the maximum, the sum, then HEAD_DIM values.
     constexpr int PART = HEAD_DIM + 2;
@@ -182,11 +198,32 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
                                                   : 0u;
     };
     unsigned next_slot = slot_in(first_tile + warp);
+    const bool stores = fresh.k != nullptr && end_tile == tiles;
+    const size_t new_slot =
+        stores ? slot_of(positions, table_offsets, block_ids, block_tokens, t, last) : 0;
     WAIT_FOR_PREVIOUS_KERNEL();
     const size_t q_row = (size_t)t * heads * HEAD_DIM + (size_t)head * HEAD_DIM;
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-        q_shared[d] = q[q_row + d] * scale;
+    if (fresh.k == nullptr) {
+        for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+            q_shared[d] = q[q_row + d] * scale;
+        }
+    } else {
+        const size_t angles = (size_t)t * (fresh.rotary_dims / 2);
+        const float *cos_row = fresh.cos + angles, *sin_row = fresh.sin + angles;
+        const size_t kv_row = (size_t)t * kv_width + (size_t)kv_head * HEAD_DIM;
+        const size_t kv_slot = new_slot * kv_width + (size_t)kv_head * HEAD_DIM;
+        for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+            q_shared[d] =
+                rotated_dim(q + q_row, d, cos_row, sin_row, fresh.rotary_dims, fresh.neox) *
+                scale;
+            if (stores) {
+                k_cache[kv_slot + d] = __float2half_rn(rotated_dim(
+                    fresh.k + kv_row, d, cos_row, sin_row, fresh.rotary_dims, fresh.neox));
+                v_cache[kv_slot + d] = __float2half_rn(fresh.v[kv_row + d]);
+            }
+        }
     }
+    // q_shared, and the token's K and V rows for every warp of the block.
     __syncthreads();
     // Where part w's result for a range goes: [token, head][range][part].
     const auto part_at = [&](unsigned range, int w) {
@@ -357,15 +394,16 @@ static __device__ void attention_heads(const float *q, const __half *k_cache,
 #define ATTENTION_INSTANCE(head_dim)                                                           \
     extern "C" __global__ void __launch_bounds__(ATTENTION_MAX_WARPS *WARP_SIZE)               \
         attention_##head_dim(                                                                  \
-        const float *q, const __half *k_cache, const __half *v_cache,                          \
-        const unsigned *positions, const unsigned *table_offsets, const unsigned *block_ids,   \
-        int block_tokens, int heads, int kv_heads, float scale, int warps,                     \
-        int blocks_per_head, float *parts, unsigned *arrivals, float *out,                     \
-        QuantizedOut quantized) {                                                              \
-        attention_heads<head_dim / WARP_SIZE>(q, k_cache, v_cache, positions, table_offsets,   \
-                                              block_ids, block_tokens, heads, kv_heads, scale,  \
-                                              warps, blocks_per_head, parts, arrivals, out,     \
-                                              quantized);                                      \
+        const float *q, __half *k_cache, __half *v_cache, const unsigned *positions,           \
+        const unsigned *table_offsets, const unsigned *block_ids, int block_tokens, int heads, \
+        int kv_heads, float scale, int warps, int blocks_per_head, float *parts,               \
+        unsigned *arrivals, float *out, QuantizedOut quantized, const float *fresh_k,          \
+        const float *fresh_v, const float *cos_table, const float *sin_table, int rotary_dims, \
+        int neox) {                                                                            \
+        attention_heads<head_dim / WARP_SIZE>(                                                 \
+            q, k_cache, v_cache, positions, table_offsets, block_ids, block_tokens, heads,     \
+            kv_heads, scale, warps, blocks_per_head, parts, arrivals, out, quantized,          \
+            {fresh_k, fresh_v, cos_table, sin_table, rotary_dims, neox});                      \
     }
 // Every multiple of 32 up to 256 (HEAD_DIMS in crates/backend/src/gpu/mod.rs).
 ATTENTION_INSTANCE(32)

@@ -1,5 +1,6 @@
-// The paged f16 KV cache's layout, for the kernels that write it (attention.cu's store_kv,
-// rope.cu's rope_store_kv): per layer, [block][slot][kv_head][head_dim].
+// The paged f16 KV cache's layout, for the kernels that write it (attention.cu's store_kv and
+// attention, rope.cu's rope_store_kv): per layer, [block][slot][kv_head][head_dim]; and the
+// rotation of q and k that precedes the store.
 #pragma once
 
 #include "common.cuh"
@@ -28,4 +29,30 @@ static __device__ __forceinline__ void store_row(const float *k, const float *v,
         k_cache[dst + j] = __float2half_rn(k[src + j]);
         v_cache[dst + j] = __float2half_rn(v[src + j]);
     }
+}
+
+// The pair (a, b) rotated by the angle of cosine c and sine s, each product rounded before the
+// sum or difference, as the CPU backend rotates. Spelled with rounding intrinsics so that no
+// compiler contracts it into an FMA in one kernel and not in another: rope_store_kv and
+// attention's own rotation (a pass of one token per sequence) give the same bits.
+static __device__ __forceinline__ float2 rotated(float a, float b, float c, float s) {
+    return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)),
+                       __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c)));
+}
+
+// Dimension d of head h rotated by a token's angles (cos_row and sin_row, rotary_dims / 2 of
+// each): `neox` pairs (i, i + rotary_dims/2), else adjacent dimensions (2i, 2i+1); dimensions
+// from rotary_dims on stay as they are.
+static __device__ __forceinline__ float rotated_dim(const float *h, int d, const float *cos_row,
+                                                    const float *sin_row, int rotary_dims,
+                                                    int neox) {
+    if (d >= rotary_dims) {
+        return h[d];
+    }
+    const int half = rotary_dims / 2;
+    const int i = neox ? d % half : d / 2;
+    const bool second = neox ? d >= half : d % 2 == 1;
+    const float2 r = neox ? rotated(h[i], h[i + half], cos_row[i], sin_row[i])
+                          : rotated(h[2 * i], h[2 * i + 1], cos_row[i], sin_row[i]);
+    return second ? r.y : r.x;
 }

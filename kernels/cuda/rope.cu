@@ -5,8 +5,7 @@
 
 // The pair (h[ia], h[ib]) rotated by the angle of cosine c and sine s, in place; returns it.
 static __device__ __forceinline__ float2 rotate_pair(float *h, int ia, int ib, float c, float s) {
-    const float a = h[ia], b = h[ib];
-    const float2 r = make_float2(a * c - b * s, a * s + b * c);
+    const float2 r = rotated(h[ia], h[ib], c, s);
     h[ia] = r.x;
     h[ib] = r.y;
     return r;
@@ -36,10 +35,11 @@ extern "C" __global__ void rope(float *x, const float *cos_table, const float *s
 }
 
 // One block per token: rope on its q and k rows, and its rotated k row and its v row into its
-// cache slot (store_kv's work), in one launch instead of three. Each thread rotates one pair of
-// q or k (the host gives the block as many threads as a token has pairs, up to 1,024) and puts
-// a k pair into the cache itself, and v and k's unrotated dimensions go straight to the cache,
-// so that no value waits for another thread: a decode step's token is one round trip to memory
+// cache slot (store_kv's work), in one launch instead of three (a pass where each sequence has
+// one token leaves this to attention.cu, with the same rotation). Each thread rotates one pair
+// of q or k (the host gives the block as many threads as a token has pairs, up to 1,024) and
+// puts a k pair into the cache itself, and v and k's unrotated dimensions go straight to the
+// cache, so that no value waits for another thread: a token is one round trip to memory
 // and back, where rotating q, then k, then copying took one each. The slot (two dependent
 // loads) and the thread's first cosine and sine come from the batch's description, which only
 // the host writes, so they are loaded before the wait for the previous kernel.

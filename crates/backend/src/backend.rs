@@ -395,6 +395,26 @@ pub trait Backend: Send + Sync + 'static {
         shape: AttentionShape,
         out: &mut Self::Activations,
     ) -> Result<(), Error>;
+    /// [`rope_store_kv`](Backend::rope_store_kv) with `shape.head_dim`, then
+    /// [`attention`](Backend::attention) into `out`: a layer's work from its q, k and v
+    /// projections to its output projection's input. A device backend does it in one kernel
+    /// for a pass where each sequence has one token (a decode step), leaving `q` and `k`
+    /// unrotated: after it, only the cache and `out` hold its results.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &mut Self::Activations,
+        k: &mut Self::Activations,
+        v: &Self::Activations,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+        shape: AttentionShape,
+        out: &mut Self::Activations,
+    ) -> Result<(), Error> {
+        self.rope_store_kv(q, k, v, cache, layer, batch, shape.head_dim)?;
+        self.attention(q, cache, layer, batch, shape, out)
+    }
     /// `gate = silu(gate) * up` for `rows` rows.
     fn silu_mul(
         &self,

@@ -812,6 +812,60 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
 
 #[test]
 #[ignore = "needs a GPU and fetched models"]
+fn decode_passes_of_several_sequences_give_each_the_bits_of_its_prefill() {
+    // A pass with one token per sequence leaves rope_store_kv's work to attention, whose blocks
+    // rotate q and k and store K and V themselves: each sequence's last three tokens, decoded
+    // together after a ragged prefill of the rest, get bitwise the logits of one pass over the
+    // sequence alone (which rotates and stores in rope_store_kv). The longest has three ranges
+    // of positions at 16 warps (its blocks store only where they take the last tile) and six at
+    // 3.
+    const DECODED: usize = 3;
+    let file = open(TARGET);
+    let mut rng = Rng::seeded(13);
+    let vocab = on(&gpu(), &file).config().vocab;
+    let sequences: Vec<Vec<u32>> = [1_100, 300, 40, 4]
+        .iter()
+        .map(|&n| common::random_tokens(&mut rng, n, vocab))
+        .collect();
+    let prefilled: Vec<(usize, usize)> = common::round_robin(&sequences)
+        .into_iter()
+        .filter(|&(s, i)| i + DECODED < sequences[s].len())
+        .collect();
+    let mut passes = vec![prefilled];
+    for step in (1..=DECODED).rev() {
+        passes.push(
+            sequences
+                .iter()
+                .enumerate()
+                .map(|(s, tokens)| (s, tokens.len() - step))
+                .collect(),
+        );
+    }
+    for warps in [GpuTuning::DEFAULT.attention_warps, 3] {
+        let model = on(
+            &tuned(GpuTuning {
+                attention_warps: warps,
+                ..GpuTuning::DEFAULT
+            }),
+            &file,
+        );
+        let decoded = common::logits_in_passes(&model, &sequences, &passes);
+        for (s, tokens) in sequences.iter().enumerate() {
+            let alone = common::prefill_logits(&model, tokens);
+            assert!(
+                decoded[s] == alone,
+                "{warps} warps, sequence {s}: decoding with the others differs from one pass"
+            );
+        }
+        println!(
+            "{warps} warps: the last {DECODED} tokens of 1,100, 300, 40 and 4, decoded together, \
+             give the bits of one pass"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU and fetched models"]
 fn long_sequences_attend_in_splits_within_the_bound_and_batch_invariant() {
     // Past one tile of 32 positions per warp of a block, attention cuts a token's positions into
     // up to 8 ranges, each warp's results for them folded in range order: the logits stay within

@@ -319,8 +319,16 @@ impl<B: Backend> Model<B> {
                 b.rms_norm_heads(&mut ws.q, qn, eps, n)?;
                 b.rms_norm_heads(&mut ws.k, kn, eps, n)?;
             }
-            b.rope_store_kv(&mut ws.q, &mut ws.k, &ws.v, kv, i, &ws.batch, c.head_dim)?;
-            b.attention(&ws.q, kv, i, &ws.batch, attention, &mut ws.attn)?;
+            b.attend(
+                &mut ws.q,
+                &mut ws.k,
+                &ws.v,
+                kv,
+                i,
+                &ws.batch,
+                attention,
+                &mut ws.attn,
+            )?;
             b.matmul(&layer.attn_output, None, &ws.attn, n, &mut ws.sublayer)?;
             b.add_rms_norm(
                 &mut ws.x,

@@ -422,6 +422,76 @@ impl<R: Runtime> GpuBackend<R> {
             .map_err(device_error::<R>(op))
     }
 
+    /// `attention`'s launch; with `fresh`, the pass's unrotated k and v, which the kernel
+    /// rotates and stores as `rope_store_kv` would (q unrotated too: `attend`).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_attention(
+        &self,
+        q: &GpuActivations<R>,
+        fresh: Option<(&GpuActivations<R>, &GpuActivations<R>)>,
+        cache: &GpuKvCache<R>,
+        layer: usize,
+        batch: &GpuBatch<R>,
+        shape: AttentionShape,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        let l = cache.layout;
+        checks::attention(
+            &l,
+            layer,
+            &batch.host,
+            shape,
+            Some(HEAD_DIMS),
+            q.dims(),
+            out.dims(),
+        )?;
+        let kernel = self
+            .kernels
+            .attention(shape.head_dim)
+            .ok_or_else(|| Error::Shape {
+                op: "attention",
+                detail: format!(
+                    "heads of {} dimensions: the {} backend has no attention kernel for them",
+                    shape.head_dim,
+                    R::NAME
+                ),
+            })?;
+        let rows = batch.host.len();
+        let d = &batch.device;
+        let (out, quantized) = out.written_quantized(rows);
+        let launch = batch.attention;
+        self.launch(
+            "attention",
+            kernel,
+            (rows * shape.heads) as u32 * launch.blocks_per_head,
+            launch.block_warps * LANES,
+            &[
+                q.data.arg(),
+                cache.k[layer].arg(),
+                cache.v[layer].arg(),
+                d.positions.arg(),
+                d.table_offsets.arg(),
+                d.block_ids.arg(),
+                int(l.block_tokens),
+                int(shape.heads),
+                int(shape.kv_heads),
+                shape.scale.into(),
+                int(self.tuning.attention_warps as usize),
+                int(launch.blocks_per_head as usize),
+                d.split_parts.arg(),
+                d.split_arrivals.arg(),
+                out,
+                quantized,
+                fresh.map_or(NULL, |(k, _)| k.data.arg()),
+                fresh.map_or(NULL, |(_, v)| v.data.arg()),
+                d.cos.arg(),
+                d.sin.arg(),
+                int(batch.rope.rotary_dims),
+                i32::from(batch.rope.style == RopeStyle::Neox).into(),
+            ],
+        )
+    }
+
     /// Whether the streamed matmul (where the host profile asks for it) multiplies `rows`
     /// activation rows on its tensor-core tiles rather than its one-row kernel.
     fn streamed_tiles(&self, rows: usize) -> bool {
@@ -929,6 +999,9 @@ struct AttentionLaunch {
     /// Warps per block, each taking the tuning's `attention_warps` parts of a head in turn
     /// with the same arithmetic whatever their number.
     block_warps: u32,
+    /// Whether attention rotates q and k and stores K and V itself, as `rope_store_kv` would
+    /// (a pass where each sequence has one token: [`Backend::attend`]).
+    rotates_and_stores: bool,
 }
 
 impl AttentionLaunch {
@@ -970,12 +1043,13 @@ impl AttentionLaunch {
         AttentionLaunch {
             blocks_per_head,
             block_warps,
+            rotates_and_stores: false,
         }
     }
 
     /// What a pass's launches depend on ([`PassShape::variant`]).
     fn variant(self) -> u32 {
-        self.blocks_per_head | self.block_warps << 16
+        self.blocks_per_head | self.block_warps << 16 | u32::from(self.rotates_and_stores) << 24
     }
 }
 
@@ -993,6 +1067,13 @@ struct DeviceBatch<R: Runtime> {
     /// of the head have arrived (back to 0 once folded).
     split_parts: Buffer<R, f32>,
     split_arrivals: Buffer<R, u32>,
+}
+
+/// Whether each of the batch's tokens is its sequence's only one (a decode step). Checked as the
+/// tokens' sequences strictly increasing, the order the engine pushes them in; a batch in
+/// another order is taken as having several.
+fn one_token_per_sequence(batch: &RaggedBatch) -> bool {
+    batch.token_seqs().windows(2).all(|w| w[0] < w[1])
 }
 
 /// `argmax_rows`' buffers: each chunk's best value and index, each row's count of chunks
@@ -1186,6 +1267,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             attention: AttentionLaunch {
                 blocks_per_head: 1,
                 block_warps: self.tuning.attention_warps,
+                rotates_and_stores: false,
             },
             device: DeviceBatch {
                 tokens: self.zeros(capacity.tokens, "batch")?,
@@ -1225,13 +1307,16 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.upload(src.logits_rows(), &mut d.logits_rows)?;
         self.upload(&dst.cos[..tables], &mut d.cos)?;
         self.upload(&dst.sin[..tables], &mut d.sin)?;
-        dst.attention = AttentionLaunch::of(
-            src.positions(),
-            dst.heads,
-            self.tuning.attention_warps,
-            src.len() <= SPLIT_BLOCKS_MAX_TOKENS,
-            self.multiprocessors,
-        );
+        dst.attention = AttentionLaunch {
+            rotates_and_stores: one_token_per_sequence(src),
+            ..AttentionLaunch::of(
+                src.positions(),
+                dst.heads,
+                self.tuning.attention_warps,
+                src.len() <= SPLIT_BLOCKS_MAX_TOKENS,
+                self.multiprocessors,
+            )
+        };
         Ok(dst.attention.variant())
     }
 
@@ -1533,55 +1618,29 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         shape: AttentionShape,
         out: &mut GpuActivations<R>,
     ) -> Result<(), Error> {
-        let l = cache.layout;
-        checks::attention(
-            &l,
-            layer,
-            &batch.host,
-            shape,
-            Some(HEAD_DIMS),
-            q.dims(),
-            out.dims(),
-        )?;
-        let kernel = self
-            .kernels
-            .attention(shape.head_dim)
-            .ok_or_else(|| Error::Shape {
-                op: "attention",
-                detail: format!(
-                    "heads of {} dimensions: the {} backend has no attention kernel for them",
-                    shape.head_dim,
-                    R::NAME
-                ),
-            })?;
-        let rows = batch.host.len();
-        let d = &batch.device;
-        let (out, quantized) = out.written_quantized(rows);
-        let launch = batch.attention;
-        self.launch(
-            "attention",
-            kernel,
-            (rows * shape.heads) as u32 * launch.blocks_per_head,
-            launch.block_warps * LANES,
-            &[
-                q.data.arg(),
-                cache.k[layer].arg(),
-                cache.v[layer].arg(),
-                d.positions.arg(),
-                d.table_offsets.arg(),
-                d.block_ids.arg(),
-                int(l.block_tokens),
-                int(shape.heads),
-                int(shape.kv_heads),
-                shape.scale.into(),
-                int(self.tuning.attention_warps as usize),
-                int(launch.blocks_per_head as usize),
-                d.split_parts.arg(),
-                d.split_arrivals.arg(),
-                out,
-                quantized,
-            ],
-        )
+        self.launch_attention(q, None, cache, layer, batch, shape, out)
+    }
+
+    fn attend(
+        &self,
+        q: &mut GpuActivations<R>,
+        k: &mut GpuActivations<R>,
+        v: &GpuActivations<R>,
+        cache: &mut GpuKvCache<R>,
+        layer: usize,
+        batch: &GpuBatch<R>,
+        shape: AttentionShape,
+        out: &mut GpuActivations<R>,
+    ) -> Result<(), Error> {
+        if !batch.attention.rotates_and_stores {
+            self.rope_store_kv(q, k, v, cache, layer, batch, shape.head_dim)?;
+            return self.attention(q, cache, layer, batch, shape, out);
+        }
+        let rotary_dims = batch.rope.rotary_dims;
+        checks::rope(&batch.host, q.dims(), shape.head_dim, rotary_dims)?;
+        checks::rope(&batch.host, k.dims(), shape.head_dim, rotary_dims)?;
+        checks::store_kv(&cache.layout, layer, &batch.host, k.dims(), v.dims())?;
+        self.launch_attention(q, Some((k, v)), cache, layer, batch, shape, out)
     }
 
     fn silu_mul(
@@ -1853,18 +1912,21 @@ mod tests {
             AttentionLaunch::of(&[31; 64], 12, 3, false, 132).block_warps,
             1
         );
-        // Passes that differ in either launch differ in their recorded graphs.
+        // Passes that differ in any of the launch's choices differ in their recorded graphs.
         let variants: std::collections::HashSet<u32> = [(1, 5), (5, 1), (3, 16), (16, 3)]
-            .map(|(blocks_per_head, block_warps)| {
-                AttentionLaunch {
-                    blocks_per_head,
-                    block_warps,
-                }
-                .variant()
-            })
             .into_iter()
+            .flat_map(|(blocks_per_head, block_warps)| {
+                [false, true].map(|rotates_and_stores| {
+                    AttentionLaunch {
+                        blocks_per_head,
+                        block_warps,
+                        rotates_and_stores,
+                    }
+                    .variant()
+                })
+            })
             .collect();
-        assert_eq!(variants.len(), 4);
+        assert_eq!(variants.len(), 8);
     }
 
     #[test]

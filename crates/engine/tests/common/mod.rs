@@ -52,6 +52,17 @@ pub fn batched_logits<B: Backend>(
     sequences: &[Vec<u32>],
     order: &[(usize, usize)],
 ) -> Vec<Vec<f32>> {
+    logits_in_passes(model, sequences, &[order.to_vec()])
+}
+
+/// Runs `sequences` as ragged batches, one forward pass after another over the same KV cache,
+/// each pass's tokens given as in [`batched_logits`]; returns each sequence's logits rows (of
+/// the positions the passes fed).
+pub fn logits_in_passes<B: Backend>(
+    model: &Model<B>,
+    sequences: &[Vec<u32>],
+    passes: &[Vec<(usize, usize)>],
+) -> Vec<Vec<f32>> {
     let vocab = model.config().vocab;
     let tables: Vec<Vec<u32>> = {
         let mut next = 0u32;
@@ -65,35 +76,40 @@ pub fn batched_logits<B: Backend>(
             .collect()
     };
     let blocks = tables.iter().map(Vec::len).sum();
-    let tokens = order.len();
+    let most_tokens = passes.iter().map(Vec::len).max().unwrap_or(0);
     let layout = model.kv_layout(blocks, BLOCK_TOKENS);
     let backend = model.backend();
     let mut kv = backend.kv_cache(layout).unwrap();
     let mut ws = model
         .workspace(BatchCapacity {
-            tokens,
+            tokens: most_tokens,
             sequences: sequences.len(),
             blocks,
-            logits: tokens,
+            logits: most_tokens,
         })
         .unwrap();
-    let mut batch = RaggedBatch::new();
-    for table in &tables {
-        batch.push_sequence(table);
-    }
-    for &(s, i) in order {
-        batch.push_token(s, sequences[s][i], i as u32, true);
-    }
-    model.forward(&batch, &mut kv, &layout, &mut ws).unwrap();
-    let mut all = vec![0.0; tokens * vocab];
-    backend.read_rows(ws.logits(), tokens, &mut all).unwrap();
     let mut per_sequence: Vec<Vec<f32>> = sequences
         .iter()
         .map(|s| vec![0.0; s.len() * vocab])
         .collect();
-    for (row, &(s, i)) in order.iter().enumerate() {
-        per_sequence[s][i * vocab..(i + 1) * vocab]
-            .copy_from_slice(&all[row * vocab..(row + 1) * vocab]);
+    let mut all = vec![0.0; most_tokens * vocab];
+    for order in passes {
+        let mut batch = RaggedBatch::new();
+        for table in &tables {
+            batch.push_sequence(table);
+        }
+        for &(s, i) in order {
+            batch.push_token(s, sequences[s][i], i as u32, true);
+        }
+        model.forward(&batch, &mut kv, &layout, &mut ws).unwrap();
+        let tokens = order.len();
+        backend
+            .read_rows(ws.logits(), tokens, &mut all[..tokens * vocab])
+            .unwrap();
+        for (row, &(s, i)) in order.iter().enumerate() {
+            per_sequence[s][i * vocab..(i + 1) * vocab]
+                .copy_from_slice(&all[row * vocab..(row + 1) * vocab]);
+        }
     }
     per_sequence
 }
