@@ -74,39 +74,49 @@ static __device__ __forceinline__ void dot_spans(float acc[TOKENS], const uint8_
     }
 }
 
-// A lane's first span s of a weight row (when s < last), for the one-row instances (decode, and
-// passes of up to matvec_loop_rows rows, which they run row by row): decoded before the wait for
-// the previous kernel, so that the first turn of the span loop, or the only one in the small
-// matrices, waits on the activations alone, and a pass of several rows decodes it once. add_to
-// adds it to acc[t] (t < n) times activation rows t0 + t, where the span loop would have; the
-// loop then starts TAKEN spans later. The four- and eight-row instances load it in its turn:
-// held across the wait, it took the four-row Q4_K instance from 82 registers to 159.
-template <typename Block, int TOKENS, bool LOADED = (TOKENS == 1)> struct FirstSpan {
-    static constexpr int TAKEN = WARP_SIZE;
-    QSpan span;
-    bool present;
-    __device__ __forceinline__ FirstSpan(const uint8_t *w_row, int s, int last)
-        : present(s < last) {
-        if (present) {
-            span = qspan<Block>(w_row, s);
+// A lane's first TURNS spans s, s + 32, ... of a weight row (those below last), for the
+// one-row instances (decode, and passes of up to matvec_loop_rows rows, which they run row by
+// row): decoded before the wait for the previous kernel, so that the first turns of the span
+// loop, or all of a small matrix's, wait on the activations alone, and a pass of several rows
+// decodes them once. add_to adds them to acc[t] (t < n) times activation rows t0 + t, in turn,
+// where the span loop would have; the loop then starts TAKEN spans later. The unsplit instance
+// takes two turns (the 1.5B's rows of q, k, v and o are 48 spans: all of them), the split one
+// one: two cost its down projection's launches a sixth of their resident blocks (68 registers
+// against 62 at sm_90), and decode 905-910 tok/s against 893-904 on the H200. The four- and
+// eight-row instances load their first span in its turn: held across the wait, it took the
+// four-row Q4_K instance from 82 registers to 159.
+template <typename Block, int TOKENS, int TURNS, bool LOADED = (TOKENS == 1)> struct FirstSpans {
+    static constexpr int TAKEN = TURNS * WARP_SIZE;
+    QSpan span[TURNS];
+    bool present[TURNS];
+    __device__ __forceinline__ FirstSpans(const uint8_t *w_row, int s, int last) {
+#pragma unroll
+        for (int i = 0; i < TURNS; i++) {
+            present[i] = s + i * WARP_SIZE < last;
+            if (present[i]) {
+                span[i] = qspan<Block>(w_row, s + i * WARP_SIZE);
+            }
         }
     }
     __device__ __forceinline__ void add_to(float acc[TOKENS], int cols, const QuantizedRow &x,
                                            int t0, int n) const {
-        if (present) {
 #pragma unroll
-            for (int t = 0; t < TOKENS; t++) {
-                if (t < n) {
-                    acc[t] += qspan_dot(span, activation_row(x, cols, t0 + t));
+        for (int i = 0; i < TURNS; i++) {
+            if (present[i]) {
+#pragma unroll
+                for (int t = 0; t < TOKENS; t++) {
+                    if (t < n) {
+                        acc[t] += qspan_dot(span[i], activation_row(x, cols, t0 + t));
+                    }
                 }
             }
         }
     }
 };
 
-template <typename Block, int TOKENS> struct FirstSpan<Block, TOKENS, false> {
+template <typename Block, int TOKENS, int TURNS> struct FirstSpans<Block, TOKENS, TURNS, false> {
     static constexpr int TAKEN = 0;
-    __device__ __forceinline__ FirstSpan(const uint8_t *, int, int) {}
+    __device__ __forceinline__ FirstSpans(const uint8_t *, int, int) {}
     __device__ __forceinline__ void add_to(float *, int, const QuantizedRow &, int, int) const {}
 };
 
@@ -142,7 +152,7 @@ static __device__ void mmv_q8(MatvecPart part, const MatvecPart second, const Ma
     // The row's weights are on their way while the kernel before finishes, and the lane's
     // first span is decoded by then (weights are written by no kernel).
     prefetch_l2(w_row, 0, row_bytes);
-    const FirstSpan<Block, TOKENS> first_span(w_row, lane, spans);
+    const FirstSpans<Block, TOKENS, 2> first_span(w_row, lane, spans);
     WAIT_FOR_PREVIOUS_KERNEL();
     const float b = part.bias ? part.bias[row] : 0.0f;
     const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
@@ -260,7 +270,7 @@ static __device__ void mmv_q8_split(const MatvecPart part, unsigned long long ro
         prefetch_l2(w_row, (size_t)(first / SPANS_PER_BLOCK) * Block::BYTES,
                     (size_t)((last + SPANS_PER_BLOCK - 1) / SPANS_PER_BLOCK) * Block::BYTES);
     }
-    const FirstSpan<Block, TOKENS> first_span(w_row, first + lane, last);
+    const FirstSpans<Block, TOKENS, 1> first_span(w_row, first + lane, last);
     WAIT_FOR_PREVIOUS_KERNEL();
     const float b = valid && part.bias ? part.bias[row] : 0.0f;
     const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
