@@ -289,6 +289,8 @@ impl<B: Backend> Model<B> {
         let n = shape.tokens;
         let eps = c.rms_eps;
         let attention = c.attention_shape();
+        // The logits rows are a subset of the tokens in batch order, so as many are all of them.
+        let every_row_scored = shape.logits == n && !self.layers.is_empty();
         b.embed(&self.token_embd, &ws.batch, &mut ws.x)?;
         if let Some(first) = self.layers.first() {
             b.rms_norm(&ws.x, &first.attn_norm, eps, n, &mut ws.normed)?;
@@ -366,12 +368,24 @@ impl<B: Backend> Model<B> {
                     n,
                     &mut ws.normed,
                 )?,
+                // Where every row wants logits (decode and verify steps), the output norm
+                // goes with it too, and no row needs gathering.
+                None if every_row_scored => b.add_rms_norm(
+                    &mut ws.x,
+                    &ws.sublayer,
+                    &self.output_norm,
+                    eps,
+                    n,
+                    &mut ws.selected,
+                )?,
                 None => b.add(&mut ws.x, &ws.sublayer, n)?,
             }
         }
         let rows = shape.logits;
-        b.gather_logits_rows(&ws.x, &ws.batch, &mut ws.normed)?;
-        b.rms_norm(&ws.normed, &self.output_norm, eps, rows, &mut ws.selected)?;
+        if !every_row_scored {
+            b.gather_logits_rows(&ws.x, &ws.batch, &mut ws.normed)?;
+            b.rms_norm(&ws.normed, &self.output_norm, eps, rows, &mut ws.selected)?;
+        }
         b.matmul(
             self.output.as_ref().unwrap_or(&self.token_embd),
             None,
