@@ -240,6 +240,30 @@ static __device__ void mmv_q8_pairs(const MatvecPart first, const MatvecPart sec
     }
 }
 
+// mmv_q8 for one activation row over three matrices of which the third is in another format,
+// Third: a Q4_K_M file's q and k are Q4_K, and in half its layers v is Q6_K, which took a
+// launch, and a wait for the previous kernel, of its own in each of those layers of a decode
+// step. A warp's row lies in one part, so each warp runs the one-row instance of its row's
+// format (the third's rows are those past an empty part as long as the first two), with its
+// bits. Third's rows are (cols / Third::QK) * Third::BYTES long.
+template <typename Block, typename Third>
+static __device__ void mmv_q8_mixed(const MatvecPart first, const MatvecPart second,
+                                    const MatvecPart third, unsigned long long row_bytes,
+                                    int cols, const signed char *x_hi, const signed char *x_lo,
+                                    const float2 *x_scales, const float *x_sums, int tokens) {
+    const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const int before_third = first.rows + second.rows;
+    const MatvecPart none = {nullptr, 0, nullptr, nullptr};
+    if (row < before_third) {
+        mmv_q8<Block, 1, 3>(first, second, none, row_bytes, cols, x_hi, x_lo, x_scales, x_sums,
+                            tokens);
+    } else {
+        mmv_q8<Third, 1, 3>({nullptr, before_third, nullptr, nullptr}, third, none,
+                            (unsigned long long)(cols / Third::QK) * Third::BYTES, cols, x_hi,
+                            x_lo, x_scales, x_sums, tokens);
+    }
+}
+
 // mmv_q8 for one matrix whose rows are wider than `split_spans` spans (the feed-forward's down
 // projection: 280 spans in the 1.5B): each row is cut into pieces of that many spans, one warp
 // each, so that it is not one warp's long chain of dependent loads, and the row's first warp
@@ -387,5 +411,8 @@ static __device__ void get_rows(const uint8_t *table, unsigned long long row_byt
         get_rows<Block>(table, row_bytes, cols, tokens, out);                                  \
     }
 FOR_EACH_QUANT_FORMAT(QUANT_INSTANCES)
+// mmv1m_<format>_<third format>: the one-row matvec whose third part is in another format
+// (GpuBackend::mixed_matvec), for the pairs that quantization mixes in one layer.
+PARTS_INSTANCE(mmv1m_q4_k_q6_k, mmv_q8_mixed<BlockQ4_K, BlockQ6_K>)
 FOR_EACH_FLOAT_FORMAT(FLOAT_INSTANCES)
 FOR_EACH_FORMAT(GET_ROWS_INSTANCES)

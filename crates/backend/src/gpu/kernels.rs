@@ -36,6 +36,9 @@ pub(crate) struct FormatKernels<F> {
     pub(crate) mmv1: Option<F>,
     /// `mmv1` taking weight rows two per warp (`mmv_q8_pairs`), present with it.
     pub(crate) mmv1p: Option<F>,
+    /// `mmv1` over three matrices whose third is in the paired format (`mmv_q8_mixed`,
+    /// `mmv1m_<this>_<that>`), for the pairs the images have.
+    pub(crate) mmv1_mixed: Vec<(GgmlType, F)>,
     /// The matvec of up to four quantized activation rows (a short verify step); the float
     /// formats have none.
     pub(crate) mmv4: Option<F>,
@@ -90,6 +93,13 @@ impl<F> Kernels<F> {
                 let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
                 let mmv1 = function("mmv", &format!("mmv1_{suffix}")).ok();
                 let mmv1p = function("mmv", &format!("mmv1p_{suffix}")).ok();
+                let mmv1_mixed = GgmlType::ALL
+                    .iter()
+                    .filter_map(|&third| {
+                        let name = format!("mmv1m_{suffix}_{}", third.name().to_lowercase());
+                        Some((third, function("mmv", &name).ok()?))
+                    })
+                    .collect();
                 let mmv4 = function("mmv", &format!("mmv4_{suffix}")).ok();
                 let split = every(
                     ["mmvs", "mmv1s", "mmv4s"]
@@ -110,6 +120,7 @@ impl<F> Kernels<F> {
                         mmv,
                         mmv1,
                         mmv1p,
+                        mmv1_mixed,
                         mmv4,
                         split,
                         mmq,
@@ -196,6 +207,14 @@ impl<F> Kernels<F> {
             .filter_map(move |(instance, split, kernel)| {
                 Some((format!("{instance}_{name}"), split, kernel?))
             })
+            .chain(f.mmv1_mixed.iter().map(move |(third, kernel)| {
+                let third = third.name().to_lowercase();
+                (
+                    format!("mmv1m_{}_{third}", f.ty.name().to_lowercase()),
+                    false,
+                    kernel,
+                )
+            }))
         })
     }
 

@@ -625,7 +625,10 @@ impl<R: Runtime> GpuBackend<R> {
     ) -> Result<(), Error> {
         let format = &parts[0].matrix.format;
         let weight_rows = parts.iter().map(|p| p.matrix.rows).sum();
-        let (mmv, launch) = self.matvec_instance(format, rows, parts[0].matrix.cols, weight_rows);
+        let (mmv, launch) = match self.mixed_matvec(rows, parts) {
+            Some(mixed) => (mixed, MatvecLaunch::Parts),
+            None => self.matvec_instance(format, rows, parts[0].matrix.cols, weight_rows),
+        };
         let warps = self.tuning.matvec_warps;
         if format.mmv1.is_none() {
             // The float formats take f32 activations.
@@ -712,6 +715,42 @@ impl<R: Runtime> GpuBackend<R> {
         let rows_per_warp = if launch == MatvecLaunch::Pairs { 2 } else { 1 };
         let grid = (weight_rows as u32).div_ceil(rows_per_warp * warps);
         self.launch("matmul", mmv, grid, warps * LANES, &args)
+    }
+
+    /// The one-row matvec over `parts` whose third matrix is in another format than the first
+    /// two (`mmv_q8_mixed`: a Q4_K_M file's q and k in Q4_K, its v in Q6_K), so that they take
+    /// one launch: where the images have the pair and both formats' matrices would run their
+    /// one-row instance one row per warp.
+    fn mixed_matvec<'f>(
+        &self,
+        rows: usize,
+        parts: &[Projection<'f, Self>],
+    ) -> Option<&'f R::Function> {
+        let [first, second, third] = parts else {
+            return None;
+        };
+        let (format, third_format) = (&first.matrix.format, &third.matrix.format);
+        if !Arc::ptr_eq(format, &second.matrix.format) || Arc::ptr_eq(format, third_format) {
+            return None;
+        }
+        let one_row_unpaired = |format: &FormatKernels<R::Function>, weight_rows| {
+            rows <= self.tuning.matvec_loop_rows as usize
+                && matches!(
+                    self.matvec_instance(format, rows, first.matrix.cols, weight_rows),
+                    (_, MatvecLaunch::Parts)
+                )
+        };
+        if !one_row_unpaired(format, first.matrix.rows + second.matrix.rows)
+            || !one_row_unpaired(third_format, third.matrix.rows)
+        {
+            return None;
+        }
+        let mixed = &first.matrix.format.mmv1_mixed;
+        let third_ty = third_format.ty;
+        mixed
+            .iter()
+            .find(|(ty, _)| *ty == third_ty)
+            .map(|(_, kernel)| kernel)
     }
 
     /// One streamed matmul launch (kernels/cuda/mmt.cu) over `parts`, checked by the caller.
@@ -1480,7 +1519,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 first.matrix.cols,
                 first.matrix.rows,
             );
-            let together = if matches!(
+            let together = if self
+                .mixed_matvec(rows, &rest[..rest.len().min(MATVEC_PARTS)])
+                .is_some()
+            {
+                MATVEC_PARTS
+            } else if matches!(
                 launch,
                 MatvecLaunch::Parts
                     | MatvecLaunch::Pairs
