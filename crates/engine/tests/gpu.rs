@@ -402,17 +402,7 @@ fn argmax_on_the_device_is_the_host_s_on_ties_nan_and_chunk_edges() {
             *v = f32::NAN;
         }
         rows.push(row);
-        let mut writer = GgufWriter::new();
-        writer.tensor(
-            "table",
-            &[cols as u64, rows.len() as u64],
-            GgmlType::F32,
-            f32_bytes(&rows.concat()),
-        );
-        let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
-        let table = gpu
-            .load_matrix(&file, "table", ActivationPrecision::Split)
-            .unwrap();
+        let table = table_of(&gpu, &rows);
         let ids: Vec<u32> = (0..rows.len() as u32).collect();
         let (_batch, x) = embedded(&gpu, &table, &ids, cols);
         let mut device = vec![u32::MAX; rows.len()];
@@ -469,6 +459,20 @@ fn embedded(
     let mut x = gpu.activations(ids.len(), cols).unwrap();
     gpu.embed(table, &device_batch, &mut x).unwrap();
     (device_batch, x)
+}
+
+/// `rows` (of equal length) as an f32 matrix on `gpu`, to embed them as activations.
+fn table_of(gpu: &GpuBackend, rows: &[Vec<f32>]) -> <GpuBackend as Backend>::Matrix {
+    let mut writer = GgufWriter::new();
+    writer.tensor(
+        "table",
+        &[rows[0].len() as u64, rows.len() as u64],
+        GgmlType::F32,
+        f32_bytes(&rows.concat()),
+    );
+    let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
+    gpu.load_matrix(&file, "table", ActivationPrecision::Split)
+        .unwrap()
 }
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
@@ -1027,17 +1031,7 @@ fn the_device_sampler_draws_what_the_host_sampler_draws() {
     ];
     let gpu = gpu();
     assert!(gpu.samples_rows());
-    let mut writer = GgufWriter::new();
-    writer.tensor(
-        "table",
-        &[VOCAB as u64, rows.len() as u64],
-        GgmlType::F32,
-        f32_bytes(&rows.concat()),
-    );
-    let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
-    let table = gpu
-        .load_matrix(&file, "table", ActivationPrecision::Split)
-        .unwrap();
+    let table = table_of(&gpu, &rows);
     let (mut exact, mut near, mut on_host) = (0, 0, 0);
     for (r, row) in rows.iter().enumerate() {
         for params in &settings {

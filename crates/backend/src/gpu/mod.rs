@@ -1108,6 +1108,24 @@ struct DeviceBatch<R: Runtime> {
     split_arrivals: Buffer<R, u32>,
 }
 
+/// The checks of `rope_store_kv`'s arguments, whichever kernel does its work; the rotary
+/// dimensions.
+fn check_rope_store_kv<R: Runtime>(
+    q: &GpuActivations<R>,
+    k: &GpuActivations<R>,
+    v: &GpuActivations<R>,
+    cache: &GpuKvCache<R>,
+    layer: usize,
+    batch: &GpuBatch<R>,
+    head_dim: usize,
+) -> Result<usize, Error> {
+    let rotary_dims = batch.rope.rotary_dims;
+    checks::rope(&batch.host, q.dims(), head_dim, rotary_dims)?;
+    checks::rope(&batch.host, k.dims(), head_dim, rotary_dims)?;
+    checks::store_kv(&cache.layout, layer, &batch.host, k.dims(), v.dims())?;
+    Ok(rotary_dims)
+}
+
 /// Whether each of the batch's tokens is its sequence's only one (a decode step). Checked as the
 /// tokens' sequences strictly increasing, the order the engine pushes them in; a batch in
 /// another order is taken as having several.
@@ -1614,11 +1632,8 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         batch: &GpuBatch<R>,
         head_dim: usize,
     ) -> Result<(), Error> {
-        let rotary_dims = batch.rope.rotary_dims;
-        checks::rope(&batch.host, q.dims(), head_dim, rotary_dims)?;
-        checks::rope(&batch.host, k.dims(), head_dim, rotary_dims)?;
+        let rotary_dims = check_rope_store_kv(q, k, v, cache, layer, batch, head_dim)?;
         let l = cache.layout;
-        checks::store_kv(&l, layer, &batch.host, k.dims(), v.dims())?;
         let rows = batch.host.len();
         let neox = i32::from(batch.rope.style == RopeStyle::Neox);
         let (q_cols, kv_cols) = (q.cols, k.cols);
@@ -1680,10 +1695,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             self.rope_store_kv(q, k, v, cache, layer, batch, shape.head_dim)?;
             return self.attention(q, cache, layer, batch, shape, out);
         }
-        let rotary_dims = batch.rope.rotary_dims;
-        checks::rope(&batch.host, q.dims(), shape.head_dim, rotary_dims)?;
-        checks::rope(&batch.host, k.dims(), shape.head_dim, rotary_dims)?;
-        checks::store_kv(&cache.layout, layer, &batch.host, k.dims(), v.dims())?;
+        check_rope_store_kv(q, k, v, cache, layer, batch, shape.head_dim)?;
         self.launch_attention(q, Some((k, v)), cache, layer, batch, shape, out)
     }
 
