@@ -1986,6 +1986,29 @@ mod tests {
     }
 
     #[test]
+    fn attention_stores_k_and_v_itself_only_where_each_sequence_has_one_token() {
+        let batch = |tokens: &[usize]| {
+            let mut batch = RaggedBatch::new();
+            for seq in 0..3 {
+                batch.push_sequence(&[seq]);
+            }
+            for (i, &seq) in tokens.iter().enumerate() {
+                batch.push_token(seq, 0, i as u32, true);
+            }
+            batch
+        };
+        // A decode step of three sequences, or of one.
+        assert!(one_token_per_sequence(&batch(&[0, 1, 2])));
+        assert!(one_token_per_sequence(&batch(&[1])));
+        // A prefill, a verify step, or sequences fed round-robin: a token's K must be stored
+        // before another block reads it, so rope_store_kv runs first.
+        assert!(!one_token_per_sequence(&batch(&[0, 0])));
+        assert!(!one_token_per_sequence(&batch(&[0, 1, 0, 1])));
+        // One token each, in another order: taken as several, which is only slower.
+        assert!(!one_token_per_sequence(&batch(&[2, 0])));
+    }
+
+    #[test]
     fn only_rows_wider_than_2048_columns_are_split_into_even_pieces() {
         assert_eq!(matvec_split(1536), None);
         assert_eq!(matvec_split(2048), None);
