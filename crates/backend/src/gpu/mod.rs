@@ -745,11 +745,10 @@ impl<R: Runtime> GpuBackend<R> {
         {
             return None;
         }
-        let mixed = &first.matrix.format.mmv1_mixed;
-        let third_ty = third_format.ty;
-        mixed
+        format
+            .mmv1_mixed
             .iter()
-            .find(|(ty, _)| *ty == third_ty)
+            .find(|(ty, _)| *ty == third_format.ty)
             .map(|(_, kernel)| kernel)
     }
 
