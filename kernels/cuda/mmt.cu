@@ -471,14 +471,15 @@ static __device__ __forceinline__ int row_blocks_of(int rows) {
 // then writes its outputs, or with several ranges its partial sums, of which the last block
 // of the row block and tile to finish adds all in range order. `part` is the launch's first
 // matrix; row blocks continue into `second` and `third` (chosen by comparisons, not by
-// indexing an array, which would put the parts in memory).
+// indexing an array, which would put the parts in memory). `stages` is the kernel's shared
+// memory, MMT_STAGES * Tile::STAGE_BYTES at least, 16-byte aligned.
 template <typename Tile>
 static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPart second,
                                                  const MatvecPart third,
                                                  unsigned long long row_bytes, int cols,
                                                  const Tile &x, int tokens, int ksplit,
-                                                 float *partials, unsigned *counters) {
-    __shared__ __align__(16) uint8_t stages[MMT_STAGES * Tile::STAGE_BYTES];
+                                                 float *partials, unsigned *counters,
+                                                 uint8_t *stages) {
     __shared__ bool last;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int group = lane / 4, t = lane % 4;
@@ -603,18 +604,48 @@ template <int WIDTH> static __device__ __forceinline__ float butterfly_sum(float
     return value;
 }
 
-// Sub-block `sub` of super-block blk of a row's weights at w_row times activation row tok.
+// Weights w, of sub-block `sub` of super-block blk of a row, times the same columns of
+// activation row tok of x.
 template <typename Format>
-static __device__ __forceinline__ float row_sub_block_value(
-    const uint8_t *w_row, unsigned blk, unsigned sub, int tok, int cols,
-    const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
-    const float *x_sums) {
+static __device__ __forceinline__ float times_activations(const typename Format::Weights &w,
+                                                          unsigned blk, unsigned sub, int tok,
+                                                          int cols, const QuantizedRow &x) {
     const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
     const size_t group = (size_t)tok * (cols / SPAN) + 8 * blk + sub;
-    return Format::sub_block_value(w_row + (size_t)blk * Format::BYTES, sub,
-                                   (const uint8_t *)(x_hi + col), (const uint8_t *)(x_lo + col),
-                                   x_scales[group], x_sums + 2 * group);
+    return Format::value(w, (const uint8_t *)(x.hi + col), (const uint8_t *)(x.lo + col),
+                         x.scales[group], x.sums + 2 * group);
 }
+
+// Sub-block `sub` of super-block blk of a row's weights at w_row times activation row tok.
+template <typename Format>
+static __device__ __forceinline__ float sub_block_value(
+    const uint8_t *w_row, unsigned blk, unsigned sub, int tok, int cols, const signed char *x_hi,
+    const signed char *x_lo, const float2 *x_scales, const float *x_sums) {
+    return times_activations<Format>(Format::weights(w_row + (size_t)blk * Format::BYTES, sub),
+                                     blk, sub, tok, cols, {x_hi, x_lo, x_scales, x_sums});
+}
+
+// A lane's sub-block of one turn of a row: sub-block `sub` of super-block blk, its weights
+// loaded and decoded as its format multiplies them (so that the first turns' can come before
+// the wait for the previous kernel, as the matvec's first spans do), or absent (value 0).
+template <typename Format> struct RowSubBlock {
+    typename Format::Weights weights;
+    unsigned blk;
+    bool present;
+    __device__ __forceinline__ RowSubBlock() : blk(0), present(false) {}
+    __device__ __forceinline__ RowSubBlock(const uint8_t *w_row, unsigned blk, unsigned sub,
+                                           bool present)
+        : blk(blk), present(present) {
+        if (present) {
+            weights = Format::weights(w_row + (size_t)blk * Format::BYTES, sub);
+        }
+    }
+    // Its value with activation row tok of x.
+    __device__ __forceinline__ float value(unsigned sub, int tok, int cols,
+                                           const QuantizedRow &x) const {
+        return present ? times_activations<Format>(weights, blk, sub, tok, cols, x) : 0.0f;
+    }
+};
 
 // Row `row` of `part` for activation row tok: its sum, then the bias.
 static __device__ __forceinline__ void write_row_sum(const MatvecPart &part, int row, int tok,
@@ -651,8 +682,8 @@ static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart
             const unsigned blk = base + lane / 8;
             float value = 0.0f;
             if (has_row && blk < last_blk) {
-                value = row_sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo,
-                                                    x_scales, x_sums);
+                value = sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo, x_scales,
+                                                x_sums);
             }
             acc = __fadd_rn(acc, butterfly_sum<WARP_SIZE>(value));
         }
@@ -671,6 +702,77 @@ static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart
         }
         if (has_row && range == 0 && lane == 0) {
             write_row_sum(part, row, tok, acc);
+        }
+    }
+}
+
+// The one-row kernel for rows cut into ranges of at most two super-blocks (mmt_ranges_<format>,
+// the host's choice there: the small matrices of a model, whose few row blocks the streamed
+// matmul cuts most, such as the 1.5B's q, k, v and o, four ranges of two super-blocks on the
+// H200). mmt_row would give each row a block whose warps take a range each on half their
+// lanes and add them through shared memory; here a warp takes a row, each half of it a range
+// (lane i of the half as lane i of mmt_row's warp), two ranges a turn. A half adds its range's
+// values by a butterfly over its 16 lanes; mmt_row's last level would add the other half's
+// lanes, whose super-blocks are past the range: +0 (which only turns -0 into +0), added here
+// too. The row's ranges are then added in order, as mmt_row's first warp adds them. TURNS
+// turns' weights are loaded before the wait for the previous kernel (the 1.5B's rows of six
+// super-blocks take two). mmt_row does not load its first turn so: in the down projection's
+// blocks of eight warps it cost registers (Q6_K 51 to 76 at sm_90) and time (16.5 to 19.3 us
+// a launch under ncu on the H200).
+template <typename Format, int TURNS>
+static __device__ __forceinline__ void mmt_row_ranges(MatvecPart part, const MatvecPart second,
+                                                      const MatvecPart third,
+                                                      unsigned long long row_bytes, int cols,
+                                                      const signed char *x_hi,
+                                                      const signed char *x_lo,
+                                                      const float2 *x_scales,
+                                                      const float *x_sums, int tokens,
+                                                      int ksplit) {
+    constexpr int HALF = WARP_SIZE / 2;
+    const int lane = threadIdx.x % WARP_SIZE;
+    int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+    const bool has_row = locate_row<3>(part, second, third, row);
+    const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
+    const unsigned in_range = lane % HALF / 8, sub = lane % 8;
+    const uint8_t *w_row = has_row ? part.w + (size_t)row * row_bytes : nullptr;
+    // This lane's super-block in turn j: of range 2j + (lane / 16), and whether it is one of
+    // the range's (then also one of the row's).
+    const auto blk_of = [&](int j) { return (2 * j + lane / HALF) * per_range + in_range; };
+    const auto in_row = [&](int j) {
+        return has_row && in_range < per_range && blk_of(j) < blocks;
+    };
+    START_NEXT_KERNEL();
+    if (has_row) {
+        prefetch_l2(w_row, 0, (unsigned long long)blocks * Format::BYTES);
+    }
+    const int turns = ksplit / 2;
+    RowSubBlock<Format> first[TURNS];
+#pragma unroll
+    for (int j = 0; j < TURNS; j++) {
+        first[j] = RowSubBlock<Format>(w_row, blk_of(j), sub, j < turns && in_row(j));
+    }
+    WAIT_FOR_PREVIOUS_KERNEL();
+    const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
+    for (int tok = 0; tok < tokens; tok++) {
+        float sum = 0.0f;
+        // The turn's two ranges, each the sum of its one turn from 0, added to the row's.
+        const auto add_turn = [&](float value) {
+            const float range_sum = __fadd_rn(0.0f, __fadd_rn(butterfly_sum<HALF>(value), 0.0f));
+            sum = __fadd_rn(sum, SHFL(range_sum, 0));
+            sum = __fadd_rn(sum, SHFL(range_sum, HALF));
+        };
+#pragma unroll
+        for (int j = 0; j < TURNS; j++) {
+            if (j < turns) {
+                add_turn(first[j].value(sub, tok, cols, x));
+            }
+        }
+        for (int j = TURNS; j < turns; j++) {
+            add_turn(RowSubBlock<Format>(w_row, blk_of(j), sub, in_row(j)).value(sub, tok, cols,
+                                                                                 x));
+        }
+        if (has_row && lane == 0) {
+            write_row_sum(part, row, tok, sum);
         }
     }
 }
@@ -709,10 +811,12 @@ static __device__ __forceinline__ void mmt_row_pair(
     }
     WAIT_FOR_PREVIOUS_KERNEL();
     const unsigned sub = lane % 8;
-    // This lane's sub-block value in super-block blk of a row (0 where there is no row).
+    // This lane's sub-block value in super-block blk of a row (0 where there is no row). The
+    // first turn's weights are not loaded before the wait, as mmt_row_ranges' are: held across
+    // it, they made this kernel spill at its 64 registers.
     const auto value_of = [&](const uint8_t *w_row, bool has, unsigned blk, int tok) {
-        return has ? row_sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo,
-                                                 x_scales, x_sums)
+        return has ? sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo, x_scales,
+                                             x_sums)
                    : 0.0f;
     };
     for (int tok = 0; tok < tokens; tok++) {
@@ -742,23 +846,36 @@ static __device__ __forceinline__ void mmt_row_pair(
     }
 }
 
-// Sub-block `sub` of the Q4_K block at b times 32 activations of each part (hi, lo: 16-byte
-// aligned), their (d_hi, d_lo) and their sums of 16: its 32 quants (the low or high nibbles of
-// its chunk's 32 bytes), eight DP4A per part.
+// Sub-block `sub` of the Q4_K block at b: its 32 quants (the low or high nibbles of its
+// chunk's 32 bytes, eight words), 6-bit scale and minimum, and the block's d and dmin; times 32
+// activations of each part (hi, lo: 16-byte aligned), their (d_hi, d_lo) and their sums of 16,
+// eight DP4A per part.
 struct Q4KRow {
     static constexpr int BYTES = BlockQ4_K::BYTES;
-    static __device__ __forceinline__ float sub_block_value(const uint8_t *b, unsigned sub,
-                                                            const uint8_t *hi,
-                                                            const uint8_t *lo, float2 x,
-                                                            const float *sums) {
+    struct Weights {
+        int quants[8];
+        int sc, m;
+        unsigned d_dmin;
+    };
+    static __device__ __forceinline__ Weights weights(const uint8_t *b, unsigned sub) {
         const unsigned chunk = sub / 2, shift = 4 * (sub % 2);
         const uint4 head = *(const uint4 *)b;
         const unsigned q[3] = {head.y, head.z, head.w};
-        int sc, m;
-        scale_min_k4_words(q, sub, &sc, &m);
-        int wq[8], h[8], l[8];
-        load16(b + 16 + 32 * chunk, wq);
-        load16(b + 32 + 32 * chunk, wq + 4);
+        Weights w;
+        scale_min_k4_words(q, sub, &w.sc, &w.m);
+        load16(b + 16 + 32 * chunk, w.quants);
+        load16(b + 32 + 32 * chunk, w.quants + 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            w.quants[i] = (w.quants[i] >> shift) & 0x0F0F0F0F;
+        }
+        w.d_dmin = head.x;
+        return w;
+    }
+    static __device__ __forceinline__ float value(const Weights &w, const uint8_t *hi,
+                                                  const uint8_t *lo, float2 x,
+                                                  const float *sums) {
+        int h[8], l[8];
         load16(hi, h);
         load16(hi + 16, h + 4);
         load16(lo, l);
@@ -768,30 +885,46 @@ struct Q4KRow {
         int dot_hi = 0, dot_lo = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int nibbles = (wq[i] >> shift) & 0x0F0F0F0F;
-            dot_hi = DP4A(nibbles, h[i], dot_hi);
-            dot_lo = DP4A(nibbles, l[i], dot_lo);
+            dot_hi = DP4A(w.quants[i], h[i], dot_hi);
+            dot_lo = DP4A(w.quants[i], l[i], dot_lo);
         }
-        return q4_k_sub_block_value(half_of(head.x, false), half_of(head.x, true), sc, m, x,
-                                    __fadd_rn(sums[0], sums[1]), BIASED_ZERO + dot_hi,
+        return q4_k_sub_block_value(half_of(w.d_dmin, false), half_of(w.d_dmin, true), w.sc,
+                                    w.m, x, __fadd_rn(sums[0], sums[1]), BIASED_ZERO + dot_hi,
                                     BIASED_ZERO + dot_lo);
     }
 };
 
 // Sub-block `sub` of the 2-byte aligned Q6_K block at b, as Q4KRow's: quarter sub % 4 of half
-// sub / 4, its 32 bytes of low nibbles and of high bit pairs, four DP4A per half and part.
+// sub / 4, its 32 bytes of low nibbles and of high bit pairs as 32 quants q - 32, the two 8-bit
+// scales of its halves and the block's d; four DP4A per half and part.
 struct Q6KRow {
     static constexpr int BYTES = BlockQ6_K::BYTES;
-    static __device__ __forceinline__ float sub_block_value(const uint8_t *b, unsigned sub,
-                                                            const uint8_t *hi,
-                                                            const uint8_t *lo, float2 x,
-                                                            const float *) {
+    struct Weights {
+        int quants[8];
+        int sc_a, sc_b;
+        float d;
+    };
+    static __device__ __forceinline__ Weights weights(const uint8_t *b, unsigned sub) {
         const unsigned n = sub / 4, quarter = sub % 4;
-        int ql[8], qh[8], h[8], l[8];
+        int ql[8], qh[8];
         load16_unaligned(b + 64 * n + 32 * (quarter % 2), ql);
         load16_unaligned(b + 64 * n + 32 * (quarter % 2) + 16, ql + 4);
         load16_unaligned(b + 128 + 32 * n, qh);
         load16_unaligned(b + 128 + 32 * n + 16, qh + 4);
+        Weights w;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            w.quants[i] = q6_k_quants((unsigned)ql[i], (unsigned)qh[i], quarter);
+        }
+        const unsigned short scales = *(const unsigned short *)(b + 192 + 8 * n + 2 * quarter);
+        w.sc_a = (signed char)(scales & 0xFF);
+        w.sc_b = (signed char)(scales >> 8);
+        w.d = load_f16(b + 208);
+        return w;
+    }
+    static __device__ __forceinline__ float value(const Weights &w, const uint8_t *hi,
+                                                  const uint8_t *lo, float2 x, const float *) {
+        int h[8], l[8];
         load16(hi, h);
         load16(hi + 16, h + 4);
         load16(lo, l);
@@ -799,14 +932,11 @@ struct Q6KRow {
         int dot_hi[2] = {0, 0}, dot_lo[2] = {0, 0};
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            const int quants = q6_k_quants((unsigned)ql[i], (unsigned)qh[i], quarter);
-            dot_hi[i / 4] = DP4A(quants, h[i], dot_hi[i / 4]);
-            dot_lo[i / 4] = DP4A(quants, l[i], dot_lo[i / 4]);
+            dot_hi[i / 4] = DP4A(w.quants[i], h[i], dot_hi[i / 4]);
+            dot_lo[i / 4] = DP4A(w.quants[i], l[i], dot_lo[i / 4]);
         }
-        const unsigned short scales = *(const unsigned short *)(b + 192 + 8 * n + 2 * quarter);
-        const int sc_a = (signed char)(scales & 0xFF), sc_b = (signed char)(scales >> 8);
-        return q6_k_sub_block_value(load_f16(b + 208), x, sc_a * dot_hi[0] + sc_b * dot_hi[1],
-                                    sc_a * dot_lo[0] + sc_b * dot_lo[1]);
+        return q6_k_sub_block_value(w.d, x, w.sc_a * dot_hi[0] + w.sc_b * dot_hi[1],
+                                    w.sc_a * dot_lo[0] + w.sc_b * dot_lo[1]);
     }
 };
 
@@ -820,9 +950,11 @@ struct Q6KRow {
         const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
         const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
         const float *x_sums, int tokens, int ksplit, float *partials, unsigned *counters) {    \
+        __shared__ __align__(16) uint8_t stages[MMT_STAGES * Tile::STAGE_BYTES];               \
         mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                          \
                   {w2, rows2, bias2, out2}, row_bytes, cols,                                   \
-                  Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials, counters);     \
+                  Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials, counters,      \
+                  stages);                                                                     \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                \
         mmt_row_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,          \
@@ -834,6 +966,17 @@ struct Q6KRow {
         mmt_row<Row>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                       \
                      {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo, x_scales, x_sums,  \
                      tokens, ksplit);                                                          \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                     \
+        mmt_ranges_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,       \
+                          const uint8_t *w1, int rows1, const float *bias1, float *out1,       \
+                          const uint8_t *w2, int rows2, const float *bias2, float *out2,       \
+                          unsigned long long row_bytes, int cols, const signed char *x_hi,     \
+                          const signed char *x_lo, const float2 *x_scales,                     \
+                          const float *x_sums, int tokens, int ksplit) {                       \
+        mmt_row_ranges<Row, 2>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},             \
+                               {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,          \
+                               x_scales, x_sums, tokens, ksplit);                              \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE, MMT_PAIR_BLOCKS)     \
         mmt_pair_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,         \
@@ -848,5 +991,66 @@ struct Q6KRow {
     }
 MMT_INSTANCES(q4_k, Q4KTile, Q4KRow)
 MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)
+
+// The streamed matmul over three matrices of which the third is in another format (a Q4_K_M
+// file's q and k in Q4_K, and in half its layers v in Q6_K), so that they take one launch, as
+// mmv_q8_mixed does for the matvec: the tiles (mmt_mixed_<format>_<third format>) and, for
+// rows cut into ranges of at most two super-blocks, the host's only use of it, the one-row
+// kernel (mmt_ranges_mixed_...). A block (tiles) or warp (one row) runs its rows' format: the
+// first two parts' blocks see an empty third part with the third's row blocks, and the third's
+// an empty part with the first two's, so that every block finds its row block, range and tile,
+// and the partial sums their places, as in a launch of one format. The third's rows are
+// (cols / 256) * Third::BYTES long.
+#define MMT_MIXED_INSTANCES(name, Tile, Row, ThirdTile, ThirdRow)                               \
+    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE) mmt_mixed_##name(       \
+        const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
+        int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
+        const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
+        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
+        const float *x_sums, int tokens, int ksplit, float *partials, unsigned *counters) {    \
+        constexpr int STAGE_BYTES = Tile::STAGE_BYTES > ThirdTile::STAGE_BYTES                 \
+                                        ? Tile::STAGE_BYTES                                    \
+                                        : ThirdTile::STAGE_BYTES;                              \
+        __shared__ __align__(16) uint8_t stages[MMT_STAGES * STAGE_BYTES];                     \
+        const int blocks_before = row_blocks_of(rows0) + row_blocks_of(rows1);                 \
+        const int before_third = blocks_before * MMT_BLOCK_ROWS;                               \
+        const int row_blocks = blocks_before + row_blocks_of(rows2);                           \
+        const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                \
+        if ((int)(blockIdx.x % row_blocks) * MMT_BLOCK_ROWS < before_third) {                  \
+            const MatvecPart after = {nullptr, row_blocks_of(rows2) * MMT_BLOCK_ROWS,          \
+                                      nullptr, nullptr};                                       \
+            mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, after, row_bytes,    \
+                      cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,      \
+                      counters, stages);                                                       \
+        } else {                                                                               \
+            mmt_block({nullptr, before_third, nullptr, nullptr}, none,                         \
+                      {w2, rows2, bias2, out2},                                                \
+                      (unsigned long long)(cols / 256) * ThirdRow::BYTES, cols,                \
+                      ThirdTile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,       \
+                      counters, stages);                                                       \
+        }                                                                                      \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                     \
+        mmt_ranges_mixed_##name(const uint8_t *w0, int rows0, const float *bias0,              \
+                                float *out0, const uint8_t *w1, int rows1, const float *bias1, \
+                                float *out1, const uint8_t *w2, int rows2, const float *bias2, \
+                                float *out2, unsigned long long row_bytes, int cols,           \
+                                const signed char *x_hi, const signed char *x_lo,              \
+                                const float2 *x_scales, const float *x_sums, int tokens,       \
+                                int ksplit) {                                                  \
+        const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;       \
+        const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                \
+        if (row < rows0 + rows1) {                                                             \
+            mmt_row_ranges<Row, 2>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, none,   \
+                                   row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens,      \
+                                   ksplit);                                                    \
+        } else {                                                                               \
+            mmt_row_ranges<ThirdRow, 2>({nullptr, rows0 + rows1, nullptr, nullptr},            \
+                                        {w2, rows2, bias2, out2}, none,                        \
+                                        (unsigned long long)(cols / 256) * ThirdRow::BYTES,    \
+                                        cols, x_hi, x_lo, x_scales, x_sums, tokens, ksplit);   \
+        }                                                                                      \
+    }
+MMT_MIXED_INSTANCES(q4_k_q6_k, Q4KTile, Q4KRow, Q6KTile, Q6KRow)
 
 #endif

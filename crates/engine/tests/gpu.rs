@@ -592,13 +592,16 @@ const STREAMED_BOUND: f64 = 1e-5;
 #[ignore = "needs a GPU"]
 fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
     // 1,536 columns in the rows of the 1.5B's q, k and v, launched together as the model does,
-    // cut into ranges of two super-blocks; 8,960 (its down projection) in 41 rows, part of one
+    // cut into ranges of two super-blocks, and 1,024 cut into ranges of one, which the one-row
+    // kernel takes a warp per row; 8,960 (its down projection) in 41 rows, part of one
     // row block, cut into ranges of three, whose sums the last block adds; 1,536 in 5,000 rows,
     // not cut; and in 8,960 rows as two matrices, not cut, which the one-row kernel takes two
     // per warp (the 1.5B's gate and up). In both formats the kernel has (Q6_K's 210-byte
-    // blocks: rows of 1,260 and 7,350 bytes, at every 2-byte alignment).
-    const SHAPES: [(usize, &[usize]); 4] = [
+    // blocks: rows of 1,260 and 7,350 bytes, at every 2-byte alignment), and as a Q4_K_M file
+    // mixes them in q, k and v (Q4_K, Q4_K and Q6_K), in one launch.
+    const SHAPES: [(usize, &[usize]); 5] = [
         (1536, &[1536, 256, 256]),
+        (1024, &[2048]),
         (8960, &[41]),
         (1536, &[5000]),
         (1536, &[4480, 4480]),
@@ -612,11 +615,14 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
         "{}: no streamed matmul loaded",
         streamed.describe()
     );
-    let mut rng = Rng::seeded(13);
-    for (ty, (cols, parts)) in FORMATS
+    let mixed = [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q6K];
+    let cases = FORMATS
         .into_iter()
-        .flat_map(|ty| SHAPES.map(|shape| (ty, shape)))
-    {
+        .flat_map(|ty| SHAPES.map(|(cols, parts)| (vec![ty; parts.len()], cols, parts)))
+        .chain([(mixed.to_vec(), SHAPES[0].0, SHAPES[0].1)]);
+    let mut rng = Rng::seeded(13);
+    for (formats, cols, parts) in cases {
+        let ty = &formats;
         let table: Vec<f32> = (0..VOCAB * cols)
             .map(|_| (rng.next_u64() % 2001) as f32 / 1000.0 - 1.0)
             .collect();
@@ -633,8 +639,8 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
                 .tensor(
                     format!("w{i}"),
                     &[cols as u64, rows as u64],
-                    ty,
-                    random_weights(ty, rows, cols, &mut rng),
+                    formats[i],
+                    random_weights(formats[i], rows, cols, &mut rng),
                 )
                 .tensor(
                     format!("b{i}"),

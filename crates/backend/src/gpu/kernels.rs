@@ -63,6 +63,21 @@ pub(crate) struct Streamed<F> {
     /// The same with rows two per warp (`mmt_pair_<format>`), for launches of many rows of
     /// 4k + 2 super-blocks.
     pub(crate) pair: F,
+    /// The same with a warp per row where the rows are cut into ranges of at most two
+    /// super-blocks (`mmt_ranges_<format>`), two ranges a turn.
+    pub(crate) ranges: F,
+    /// `tiles` and `ranges` over three matrices whose third is in the paired format
+    /// (`mmt_mixed_<this>_<that>`, `mmt_ranges_mixed_<this>_<that>`), for the pairs the images
+    /// have.
+    pub(crate) mixed: Vec<(GgmlType, StreamedMixed<F>)>,
+}
+
+/// The streamed matmul over three matrices whose third is in another format: its tiles, and
+/// its one-row kernel for rows cut into ranges of at most two super-blocks, the only rows the
+/// backend launches it for.
+pub(crate) struct StreamedMixed<F> {
+    pub(crate) tiles: F,
+    pub(crate) ranges: F,
 }
 
 /// The name of the attention kernel for heads of `head_dim` dimensions.
@@ -109,10 +124,26 @@ impl<F> Kernels<F> {
                     MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok()),
                 );
                 let mmt = every(
-                    ["mmt", "mmt_row", "mmt_pair"]
+                    ["mmt", "mmt_row", "mmt_pair", "mmt_ranges"]
                         .map(|instance| function("mmt", &format!("{instance}_{suffix}")).ok()),
                 )
-                .map(|[tiles, row, pair]| Streamed { tiles, row, pair });
+                .map(|[tiles, row, pair, ranges]| Streamed {
+                    tiles,
+                    row,
+                    pair,
+                    ranges,
+                    mixed: GgmlType::ALL
+                        .iter()
+                        .filter_map(|&third| {
+                            let pair = format!("{suffix}_{}", third.name().to_lowercase());
+                            let [tiles, ranges] =
+                                every(["mmt_mixed", "mmt_ranges_mixed"].map(|instance| {
+                                    function("mmt", &format!("{instance}_{pair}")).ok()
+                                }))?;
+                            Some((third, StreamedMixed { tiles, ranges }))
+                        })
+                        .collect(),
+                });
                 Some((
                     ty,
                     Arc::new(FormatKernels {

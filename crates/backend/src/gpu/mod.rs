@@ -25,7 +25,7 @@ use crate::{
     RaggedBatch, Rope, RopeStyle,
 };
 pub(crate) use kernels::Kernels;
-use kernels::{FormatKernels, MMQ_TILE_ROWS};
+use kernels::{FormatKernels, MMQ_TILE_ROWS, Streamed, StreamedMixed};
 pub(crate) use runtime::Sealed;
 pub use runtime::{KernelArg, QuantizedOut, Runtime};
 
@@ -292,7 +292,28 @@ impl<R: Runtime> GpuBackend<R> {
                         &streamed.pair,
                         MMT_ROW_WARPS as u32,
                     ),
+                    (
+                        format!("mmt_ranges_{format}"),
+                        &streamed.ranges,
+                        MMT_ROW_WARPS as u32,
+                    ),
                 ]
+                .into_iter()
+                .chain(streamed.mixed.iter().flat_map(move |(third, mixed)| {
+                    let pair = format!("{format}_{}", third.name().to_lowercase());
+                    [
+                        (
+                            format!("mmt_mixed_{pair}"),
+                            &mixed.tiles,
+                            MMT_THREADS / LANES,
+                        ),
+                        (
+                            format!("mmt_ranges_mixed_{pair}"),
+                            &mixed.ranges,
+                            MMT_ROW_WARPS as u32,
+                        ),
+                    ]
+                }))
             }));
         for (name, kernel, needed) in fixed {
             let most = most_warps(kernel)?;
@@ -661,8 +682,8 @@ impl<R: Runtime> GpuBackend<R> {
             q.sums.arg(),
             int(rows),
         ];
-        if matches!(launch, MatvecLaunch::Streamed | MatvecLaunch::StreamedRow) {
-            return self.streamed_matmul(mmv, launch, x, activations, rows, parts);
+        if let Some(kernels) = self.streamed_kernels(parts) {
+            return self.streamed_matmul(kernels, x, activations, rows, parts);
         }
         // The instances of one matrix: the spans per piece they take, their grid and block.
         let matrix_rows = parts[0].matrix.rows as u32;
@@ -717,6 +738,67 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch("matmul", mmv, grid, warps * LANES, &args)
     }
 
+    /// The streamed matmul's kernels for a launch over `parts`, where the host profile asks
+    /// for it and their format has one: the format's own, or, where the third matrix is in
+    /// another format than the first two ([`streamed_mixed`](Self::streamed_mixed)), the
+    /// pair's.
+    fn streamed_kernels<'f>(
+        &self,
+        parts: &[Projection<'f, Self>],
+    ) -> Option<StreamedKernels<'f, R::Function>> {
+        if !self.tuning.streamed_matmul {
+            return None;
+        }
+        if let Some(mixed) = self.streamed_mixed(parts) {
+            return Some(StreamedKernels::Mixed(mixed));
+        }
+        parts[0]
+            .matrix
+            .format
+            .mmt
+            .as_ref()
+            .map(StreamedKernels::Format)
+    }
+
+    /// The streamed matmul over `parts` whose third matrix is in another format than the first
+    /// two (a Q4_K_M file's q and k in Q4_K, its v in Q6_K), so that they take one launch: where
+    /// the images have the pair and the three matrices' rows, launched together, are cut into
+    /// ranges of at most two super-blocks ([`streamed_short_ranges`]), the rows its one-row
+    /// kernel takes. That depends on the matrices alone, so every pass launches them alike and
+    /// a row gets the same bits in any of them.
+    fn streamed_mixed<'f>(
+        &self,
+        parts: &[Projection<'f, Self>],
+    ) -> Option<&'f StreamedMixed<R::Function>> {
+        let [first, second, third] = parts else {
+            return None;
+        };
+        let (format, third_format) = (&first.matrix.format, &third.matrix.format);
+        if !self.tuning.streamed_matmul
+            || !Arc::ptr_eq(format, &second.matrix.format)
+            || Arc::ptr_eq(format, third_format)
+            || third_format.mmt.is_none()
+        {
+            return None;
+        }
+        let row_blocks: usize = parts
+            .iter()
+            .map(|p| p.matrix.rows.div_ceil(MMT_WEIGHT_ROWS))
+            .sum();
+        let superblocks = first.matrix.cols / MMT_SUPERBLOCK;
+        let ksplit = streamed_split(row_blocks, superblocks, self.multiprocessors);
+        if !streamed_short_ranges(superblocks, ksplit) {
+            return None;
+        }
+        format
+            .mmt
+            .as_ref()?
+            .mixed
+            .iter()
+            .find(|(ty, _)| *ty == third_format.ty)
+            .map(|(_, kernels)| kernels)
+    }
+
     /// The one-row matvec over `parts` whose third matrix is in another format than the first
     /// two (`mmv_q8_mixed`: a Q4_K_M file's q and k in Q4_K, its v in Q6_K), so that they take
     /// one launch: where the images have the pair and both formats' matrices would run their
@@ -753,15 +835,15 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// One streamed matmul launch (kernels/cuda/mmt.cu) over `parts`, checked by the caller.
-    /// On the tensor cores (`Streamed`): a block per [`MMT_WEIGHT_ROWS`] weight rows of them
-    /// all, range of super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`]
-    /// activation rows. A few activation rows (`StreamedRow`): a warp per range of a weight row,
-    /// [`MMT_ROW_WARPS`] rows per block without ranges (two rows per warp where
-    /// [`streamed_pairs`] says), a block per row with them, each activation row in turn.
+    /// On the tensor cores: a block per [`MMT_WEIGHT_ROWS`] weight rows of them all, range of
+    /// super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`] activation rows. Up to
+    /// [`MMT_ROW_MAX_ROWS`] activation rows, through the one-row kernel, each in turn: a warp
+    /// per range of a weight row, [`MMT_ROW_WARPS`] rows per block without ranges (two rows per
+    /// warp where [`streamed_pairs`] says), a block per row with them (a warp per row, two
+    /// ranges a turn, where [`streamed_short_ranges`] says).
     fn streamed_matmul(
         &self,
-        mmt: &R::Function,
-        launch: MatvecLaunch,
+        kernels: StreamedKernels<'_, R::Function>,
         x: &GpuActivations<R>,
         activations: [KernelArg; 5],
         rows: usize,
@@ -785,28 +867,48 @@ impl<R: Runtime> GpuBackend<R> {
         let mut args = parts_args(parts);
         args.extend([(row_bytes as u64).into(), int(cols)]);
         args.extend(activations);
-        if launch == MatvecLaunch::StreamedRow
-            && streamed_pairs(cols / MMT_SUPERBLOCK, ksplit, weight_rows)
+        let superblocks = cols / MMT_SUPERBLOCK;
+        let row_warps = MMT_ROW_WARPS as u32 * LANES;
+        let one_row = !self.streamed_tiles(rows);
+        if let StreamedKernels::Format(streamed) = kernels
+            && one_row
+            && streamed_pairs(superblocks, ksplit, weight_rows)
         {
-            let pair = &parts[0]
-                .matrix
-                .format
-                .mmt
-                .as_ref()
-                .expect("a streamed launch's format has the streamed kernels")
-                .pair;
             let grid = weight_rows.div_ceil(2 * MMT_ROW_WARPS) as u32;
-            return self.launch("matmul", pair, grid, MMT_ROW_WARPS as u32 * LANES, &args);
+            return self.launch("matmul", &streamed.pair, grid, row_warps, &args);
         }
         args.push(int(ksplit));
-        if launch == MatvecLaunch::StreamedRow {
-            let (grid, warps) = if ksplit == 1 {
-                (weight_rows.div_ceil(MMT_ROW_WARPS), MMT_ROW_WARPS)
-            } else {
-                (weight_rows, ksplit)
+        if one_row {
+            // A warp per row, MMT_ROW_WARPS rows a block: with one or two rows a block, the
+            // 1.5B decoded at 786 or 816-818 tok/s on the H200, with four 815-820.
+            let grid = weight_rows.div_ceil(MMT_ROW_WARPS) as u32;
+            return match kernels {
+                StreamedKernels::Mixed(mixed) => {
+                    assert!(
+                        streamed_short_ranges(superblocks, ksplit),
+                        "a mixed streamed launch of rows not cut into short ranges"
+                    );
+                    self.launch("matmul", &mixed.ranges, grid, row_warps, &args)
+                }
+                StreamedKernels::Format(streamed) if streamed_short_ranges(superblocks, ksplit) => {
+                    self.launch("matmul", &streamed.ranges, grid, row_warps, &args)
+                }
+                StreamedKernels::Format(streamed) if ksplit == 1 => {
+                    self.launch("matmul", &streamed.row, grid, row_warps, &args)
+                }
+                StreamedKernels::Format(streamed) => self.launch(
+                    "matmul",
+                    &streamed.row,
+                    weight_rows as u32,
+                    ksplit as u32 * LANES,
+                    &args,
+                ),
             };
-            return self.launch("matmul", mmt, grid as u32, warps as u32 * LANES, &args);
         }
+        let mmt = match kernels {
+            StreamedKernels::Format(streamed) => &streamed.tiles,
+            StreamedKernels::Mixed(mixed) => &mixed.tiles,
+        };
         let tiles = rows.div_ceil(MMT_TILE_ROWS);
         assert!(
             ksplit == 1
@@ -1536,9 +1638,9 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 first.matrix.cols,
                 first.matrix.rows,
             );
-            let together = if self
-                .mixed_matvec(rows, &rest[..rest.len().min(MATVEC_PARTS)])
-                .is_some()
+            let candidates = &rest[..rest.len().min(MATVEC_PARTS)];
+            let together = if self.streamed_mixed(candidates).is_some()
+                || self.mixed_matvec(rows, candidates).is_some()
             {
                 MATVEC_PARTS
             } else if matches!(
@@ -1831,6 +1933,15 @@ enum MatvecLaunch {
     StreamedRow,
 }
 
+/// The kernels a streamed matmul launch chooses from.
+#[derive(Clone, Copy)]
+enum StreamedKernels<'f, F> {
+    /// Its matrices' format's.
+    Format(&'f Streamed<F>),
+    /// A pair of formats' ([`GpuBackend::streamed_mixed`]).
+    Mixed(&'f StreamedMixed<F>),
+}
+
 /// The arguments of the kernels that take up to [`MATVEC_PARTS`] matrices (`MatvecPart`s of
 /// kernels/cuda/qspan.cuh): each one's data, rows, bias and output, absent ones empty.
 fn parts_args<R: Runtime>(parts: &mut [Projection<'_, GpuBackend<R>>]) -> Vec<KernelArg> {
@@ -1902,6 +2013,14 @@ fn matvec_pairs(cols: usize, weight_rows: usize) -> bool {
     spans <= MATVEC_SPLIT_SPANS
         && spans % LANES as usize == LANES as usize / 2
         && weight_rows >= MATVEC_PAIRS_MIN_ROWS
+}
+
+/// Whether the streamed matmul's one-row kernel takes rows of `superblocks` super-blocks cut
+/// into `ksplit` ranges a warp per row, two ranges a turn (`mmt_ranges_<format>`): where the
+/// rows are cut and each range has at most two super-blocks, which would leave half of a
+/// warp per range idle. Either way a row gets the same bits.
+fn streamed_short_ranges(superblocks: usize, ksplit: usize) -> bool {
+    ksplit > 1 && superblocks.div_ceil(ksplit) <= 2
 }
 
 /// Whether the streamed matmul's one-row kernel takes `weight_rows` rows of `superblocks`
@@ -2079,5 +2198,17 @@ mod tests {
         assert!(!streamed_pairs(6, 1, MATVEC_PAIRS_MIN_ROWS - 1));
         assert!(!streamed_pairs(8, 1, 17920));
         assert!(!streamed_pairs(5, 1, 17920));
+    }
+
+    #[test]
+    fn rows_cut_into_ranges_of_one_or_two_super_blocks_take_a_warp_each() {
+        // The 1.5B on the H200: q, k and v, and o (6 super-blocks in four ranges) do; down (35
+        // in eight ranges of five) and uncut rows do not.
+        assert!(streamed_short_ranges(6, 4));
+        assert!(!streamed_short_ranges(35, 8));
+        assert!(!streamed_short_ranges(6, 1));
+        // Ranges of one super-block; of three.
+        assert!(streamed_short_ranges(4, 4));
+        assert!(!streamed_short_ranges(6, 2));
     }
 }
