@@ -940,54 +940,38 @@ struct Q6KRow {
     }
 };
 
+// The parameters of the streamed matmul's kernels: up to three matrices of `row_bytes` rows of
+// `cols` columns (MatvecPart's fields, absent ones empty) and `tokens` rows of quantized
+// activations; MMT_PARTS makes them MatvecParts.
+#define MMT_PARAMS                                                                                 \
+    const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1, int rows1,   \
+        const float *bias1, float *out1, const uint8_t *w2, int rows2, const float *bias2,         \
+        float *out2, unsigned long long row_bytes, int cols, const signed char *x_hi,              \
+        const signed char *x_lo, const float2 *x_scales, const float *x_sums, int tokens
+#define MMT_PARTS {w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, {w2, rows2, bias2, out2}
+
 // The streamed matmul of a format (its tiles, as mmt_<name>, its one-row kernel, as
-// mmt_row_<name>, and that kernel with rows two per warp, as mmt_pair_<name>) over up to three
-// matrices.
-#define MMT_INSTANCES(name, Tile, Row)                                                         \
-    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE) mmt_##name(             \
-        const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
-        int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
-        const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
-        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
-        const float *x_sums, int tokens, int ksplit, float *partials, unsigned *counters) {    \
-        __shared__ __align__(16) uint8_t stages[MMT_STAGES * Tile::STAGE_BYTES];               \
-        mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                          \
-                  {w2, rows2, bias2, out2}, row_bytes, cols,                                   \
-                  Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials, counters,      \
-                  stages);                                                                     \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                \
-        mmt_row_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,          \
-                       const uint8_t *w1, int rows1, const float *bias1, float *out1,          \
-                       const uint8_t *w2, int rows2, const float *bias2, float *out2,          \
-                       unsigned long long row_bytes, int cols, const signed char *x_hi,        \
-                       const signed char *x_lo, const float2 *x_scales, const float *x_sums,   \
-                       int tokens, int ksplit) {                                               \
-        mmt_row<Row>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                       \
-                     {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo, x_scales, x_sums,  \
-                     tokens, ksplit);                                                          \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                     \
-        mmt_ranges_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,       \
-                          const uint8_t *w1, int rows1, const float *bias1, float *out1,       \
-                          const uint8_t *w2, int rows2, const float *bias2, float *out2,       \
-                          unsigned long long row_bytes, int cols, const signed char *x_hi,     \
-                          const signed char *x_lo, const float2 *x_scales,                     \
-                          const float *x_sums, int tokens, int ksplit) {                       \
-        mmt_row_ranges<Row, 2>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},             \
-                               {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo,          \
-                               x_scales, x_sums, tokens, ksplit);                              \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE, MMT_PAIR_BLOCKS)     \
-        mmt_pair_##name(const uint8_t *w0, int rows0, const float *bias0, float *out0,         \
-                        const uint8_t *w1, int rows1, const float *bias1, float *out1,         \
-                        const uint8_t *w2, int rows2, const float *bias2, float *out2,         \
-                        unsigned long long row_bytes, int cols, const signed char *x_hi,       \
-                        const signed char *x_lo, const float2 *x_scales, const float *x_sums,  \
-                        int tokens) {                                                          \
-        mmt_row_pair<Row>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1},                  \
-                          {w2, rows2, bias2, out2}, row_bytes, cols, x_hi, x_lo, x_scales,     \
-                          x_sums, tokens);                                                     \
+// mmt_row_<name>, that kernel with rows two per warp, as mmt_pair_<name>, and with a warp per
+// row cut into short ranges, as mmt_ranges_<name>) over up to three matrices.
+#define MMT_INSTANCES(name, Tile, Row)                                                             \
+    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
+        mmt_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {                  \
+        __shared__ __align__(16) uint8_t stages[MMT_STAGES * Tile::STAGE_BYTES];                   \
+        mmt_block(MMT_PARTS, row_bytes, cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit,  \
+                  partials, counters, stages);                                                     \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                    \
+        mmt_row_##name(MMT_PARAMS, int ksplit) {                                                   \
+        mmt_row<Row>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens, ksplit);    \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                         \
+        mmt_ranges_##name(MMT_PARAMS, int ksplit) {                                                \
+        mmt_row_ranges<Row, 2>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens,   \
+                               ksplit);                                                            \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE, MMT_PAIR_BLOCKS)        \
+        mmt_pair_##name(MMT_PARAMS) {                                                              \
+        mmt_row_pair<Row>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens);       \
     }
 MMT_INSTANCES(q4_k, Q4KTile, Q4KRow)
 MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)
@@ -1001,55 +985,45 @@ MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)
 // an empty part with the first two's, so that every block finds its row block, range and tile,
 // and the partial sums their places, as in a launch of one format. The third's rows are
 // (cols / 256) * Third::BYTES long.
-#define MMT_MIXED_INSTANCES(name, Tile, Row, ThirdTile, ThirdRow)                               \
-    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE) mmt_mixed_##name(       \
-        const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1,      \
-        int rows1, const float *bias1, float *out1, const uint8_t *w2, int rows2,              \
-        const float *bias2, float *out2, unsigned long long row_bytes, int cols,               \
-        const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,              \
-        const float *x_sums, int tokens, int ksplit, float *partials, unsigned *counters) {    \
-        constexpr int STAGE_BYTES = Tile::STAGE_BYTES > ThirdTile::STAGE_BYTES                 \
-                                        ? Tile::STAGE_BYTES                                    \
-                                        : ThirdTile::STAGE_BYTES;                              \
-        __shared__ __align__(16) uint8_t stages[MMT_STAGES * STAGE_BYTES];                     \
-        const int blocks_before = row_blocks_of(rows0) + row_blocks_of(rows1);                 \
-        const int before_third = blocks_before * MMT_BLOCK_ROWS;                               \
-        const int row_blocks = blocks_before + row_blocks_of(rows2);                           \
-        const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                \
-        if ((int)(blockIdx.x % row_blocks) * MMT_BLOCK_ROWS < before_third) {                  \
-            const MatvecPart after = {nullptr, row_blocks_of(rows2) * MMT_BLOCK_ROWS,          \
-                                      nullptr, nullptr};                                       \
-            mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, after, row_bytes,    \
-                      cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,      \
-                      counters, stages);                                                       \
-        } else {                                                                               \
-            mmt_block({nullptr, before_third, nullptr, nullptr}, none,                         \
-                      {w2, rows2, bias2, out2},                                                \
-                      (unsigned long long)(cols / 256) * ThirdRow::BYTES, cols,                \
-                      ThirdTile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,       \
-                      counters, stages);                                                       \
-        }                                                                                      \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                     \
-        mmt_ranges_mixed_##name(const uint8_t *w0, int rows0, const float *bias0,              \
-                                float *out0, const uint8_t *w1, int rows1, const float *bias1, \
-                                float *out1, const uint8_t *w2, int rows2, const float *bias2, \
-                                float *out2, unsigned long long row_bytes, int cols,           \
-                                const signed char *x_hi, const signed char *x_lo,              \
-                                const float2 *x_scales, const float *x_sums, int tokens,       \
-                                int ksplit) {                                                  \
-        const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;       \
-        const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                \
-        if (row < rows0 + rows1) {                                                             \
-            mmt_row_ranges<Row, 2>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, none,   \
-                                   row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens,      \
-                                   ksplit);                                                    \
-        } else {                                                                               \
-            mmt_row_ranges<ThirdRow, 2>({nullptr, rows0 + rows1, nullptr, nullptr},            \
-                                        {w2, rows2, bias2, out2}, none,                        \
-                                        (unsigned long long)(cols / 256) * ThirdRow::BYTES,    \
-                                        cols, x_hi, x_lo, x_scales, x_sums, tokens, ksplit);   \
-        }                                                                                      \
+#define MMT_MIXED_INSTANCES(name, Tile, Row, ThirdTile, ThirdRow)                                  \
+    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
+        mmt_mixed_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {            \
+        constexpr int STAGE_BYTES = Tile::STAGE_BYTES > ThirdTile::STAGE_BYTES                     \
+                                        ? Tile::STAGE_BYTES                                        \
+                                        : ThirdTile::STAGE_BYTES;                                  \
+        __shared__ __align__(16) uint8_t stages[MMT_STAGES * STAGE_BYTES];                         \
+        const int blocks_before = row_blocks_of(rows0) + row_blocks_of(rows1);                     \
+        const int before_third = blocks_before * MMT_BLOCK_ROWS;                                   \
+        const int row_blocks = blocks_before + row_blocks_of(rows2);                               \
+        const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                    \
+        if ((int)(blockIdx.x % row_blocks) * MMT_BLOCK_ROWS < before_third) {                      \
+            const MatvecPart after = {nullptr, row_blocks_of(rows2) * MMT_BLOCK_ROWS,              \
+                                      nullptr, nullptr};                                           \
+            mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, after, row_bytes,        \
+                      cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,          \
+                      counters, stages);                                                           \
+        } else {                                                                                   \
+            mmt_block({nullptr, before_third, nullptr, nullptr}, none,                             \
+                      {w2, rows2, bias2, out2},                                                    \
+                      (unsigned long long)(cols / 256) * ThirdRow::BYTES, cols,                    \
+                      ThirdTile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,           \
+                      counters, stages);                                                           \
+        }                                                                                          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                         \
+        mmt_ranges_mixed_##name(MMT_PARAMS, int ksplit) {                                          \
+        const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;           \
+        const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                    \
+        if (row < rows0 + rows1) {                                                                 \
+            mmt_row_ranges<Row, 2>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, none,       \
+                                   row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens,          \
+                                   ksplit);                                                        \
+        } else {                                                                                   \
+            mmt_row_ranges<ThirdRow, 2>({nullptr, rows0 + rows1, nullptr, nullptr},                \
+                                        {w2, rows2, bias2, out2}, none,                            \
+                                        (unsigned long long)(cols / 256) * ThirdRow::BYTES,        \
+                                        cols, x_hi, x_lo, x_scales, x_sums, tokens, ksplit);       \
+        }                                                                                          \
     }
 MMT_MIXED_INSTANCES(q4_k_q6_k, Q4KTile, Q4KRow, Q6KTile, Q6KRow)
 

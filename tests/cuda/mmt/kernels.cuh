@@ -178,9 +178,11 @@ extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)
               const signed char *x_hi, const signed char *x_lo, const float2 *x_scales,
               const int2 *x_bsums, int tokens, float *out, float *partials,
               unsigned *counters) {
+    __shared__ __align__(16) uint8_t stages[MMT_STAGES * Activations256::STAGE_BYTES];
     mmt_block({w, rows, nullptr, out}, {nullptr, 0, nullptr, nullptr},
               {nullptr, 0, nullptr, nullptr}, row_bytes, cols,
-              Activations256{x_hi, x_lo, x_scales, x_bsums}, tokens, ksplit, partials, counters);
+              Activations256{x_hi, x_lo, x_scales, x_bsums}, tokens, ksplit, partials, counters,
+              stages);
 }
 
 // mmt5: mmt4's products with the work cut evenly between a fixed grid of blocks (stream-K):
