@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lucebox_gguf::GgufFile;
+use lucebox_gguf::{GgmlType, GgufFile};
 use lucebox_quant::{ActivationPrecision, Isa, WeightFormat};
 
 use crate::checks::{self, Dims, HeadDims};
@@ -645,20 +645,15 @@ impl<R: Runtime> GpuBackend<R> {
         parts: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
         let format = &parts[0].matrix.format;
-        let weight_rows = parts.iter().map(|p| p.matrix.rows).sum();
-        let (mmv, launch) = match self.mixed_matvec(rows, parts) {
-            Some(mixed) => (mixed, MatvecLaunch::Parts),
-            None => self.matvec_instance(format, rows, parts[0].matrix.cols, weight_rows),
-        };
         let warps = self.tuning.matvec_warps;
         if format.mmv1.is_none() {
-            // The float formats take f32 activations.
+            // The float formats take f32 activations, in their one instance.
             let [Projection { matrix, bias, out }] = parts else {
                 unreachable!("float matrices launch alone");
             };
             return self.launch(
                 "matmul",
-                mmv,
+                &format.mmv,
                 (matrix.rows as u32).div_ceil(warps),
                 warps * LANES,
                 &[
@@ -685,6 +680,11 @@ impl<R: Runtime> GpuBackend<R> {
         if let Some(kernels) = self.streamed_kernels(parts) {
             return self.streamed_matmul(kernels, x, activations, rows, parts);
         }
+        let weight_rows = parts.iter().map(|p| p.matrix.rows).sum();
+        let (mmv, launch) = match self.mixed_matvec(rows, parts) {
+            Some(mixed) => (mixed, MatvecLaunch::Parts),
+            None => self.matvec_instance(format, rows, cols, weight_rows),
+        };
         // The instances of one matrix: the spans per piece they take, their grid and block.
         let matrix_rows = parts[0].matrix.rows as u32;
         let alone = match launch {
@@ -770,15 +770,9 @@ impl<R: Runtime> GpuBackend<R> {
         &self,
         parts: &[Projection<'f, Self>],
     ) -> Option<&'f StreamedMixed<R::Function>> {
-        let [first, second, third] = parts else {
-            return None;
-        };
+        let [first, _, third] = mixed_formats(parts)?;
         let (format, third_format) = (&first.matrix.format, &third.matrix.format);
-        if !self.tuning.streamed_matmul
-            || !Arc::ptr_eq(format, &second.matrix.format)
-            || Arc::ptr_eq(format, third_format)
-            || third_format.mmt.is_none()
-        {
+        if !self.tuning.streamed_matmul || third_format.mmt.is_none() {
             return None;
         }
         let row_blocks: usize = parts
@@ -790,13 +784,7 @@ impl<R: Runtime> GpuBackend<R> {
         if !streamed_short_ranges(superblocks, ksplit) {
             return None;
         }
-        format
-            .mmt
-            .as_ref()?
-            .mixed
-            .iter()
-            .find(|(ty, _)| *ty == third_format.ty)
-            .map(|(_, kernels)| kernels)
+        paired(&format.mmt.as_ref()?.mixed, third_format.ty)
     }
 
     /// The one-row matvec over `parts` whose third matrix is in another format than the first
@@ -808,13 +796,8 @@ impl<R: Runtime> GpuBackend<R> {
         rows: usize,
         parts: &[Projection<'f, Self>],
     ) -> Option<&'f R::Function> {
-        let [first, second, third] = parts else {
-            return None;
-        };
+        let [first, second, third] = mixed_formats(parts)?;
         let (format, third_format) = (&first.matrix.format, &third.matrix.format);
-        if !Arc::ptr_eq(format, &second.matrix.format) || Arc::ptr_eq(format, third_format) {
-            return None;
-        }
         let one_row_unpaired = |format: &FormatKernels<R::Function>, weight_rows| {
             rows <= self.tuning.matvec_loop_rows as usize
                 && matches!(
@@ -827,11 +810,7 @@ impl<R: Runtime> GpuBackend<R> {
         {
             return None;
         }
-        format
-            .mmv1_mixed
-            .iter()
-            .find(|(ty, _)| *ty == third_format.ty)
-            .map(|(_, kernel)| kernel)
+        paired(&format.mmv1_mixed, third_format.ty)
     }
 
     /// One streamed matmul launch (kernels/cuda/mmt.cu) over `parts`, checked by the caller.
@@ -1931,6 +1910,29 @@ enum MatvecLaunch {
     /// As `Streamed` for up to [`MMT_ROW_MAX_ROWS`] activation rows, through its one-row kernel
     /// of the same bits.
     StreamedRow,
+}
+
+/// `parts` as three matrices of which the first two share a format and the third is in
+/// another: the launches that mix formats ([`GpuBackend::mixed_matvec`],
+/// [`GpuBackend::streamed_mixed`]).
+fn mixed_formats<'p, 'f, R: Runtime>(
+    parts: &'p [Projection<'f, GpuBackend<R>>],
+) -> Option<[&'p Projection<'f, GpuBackend<R>>; 3]> {
+    let [first, second, third] = parts else {
+        return None;
+    };
+    let format = &first.matrix.format;
+    (Arc::ptr_eq(format, &second.matrix.format) && !Arc::ptr_eq(format, &third.matrix.format))
+        .then_some([first, second, third])
+}
+
+/// A format's kernels for a third matrix in format `third` (`mmv1_mixed`, `Streamed::mixed`),
+/// where the images have them.
+fn paired<T>(kernels: &[(GgmlType, T)], third: GgmlType) -> Option<&T> {
+    kernels
+        .iter()
+        .find(|(ty, _)| *ty == third)
+        .map(|(_, kernel)| kernel)
 }
 
 /// The kernels a streamed matmul launch chooses from.
