@@ -14,23 +14,25 @@
 //! output is the same alone, batched, preempted or served from the cache.
 //!
 //! With a drafter, a sequence speculates while it runs alone (the adaptive draft length
-//! decides how far). A stateless drafter (n-gram lookup) also drafts for every decoding
-//! sequence of a batch, and the target verifies all their drafts in the step's one pass: the
-//! drafted rows worth their share of the pass are chosen for the step as a whole, from the
-//! measured cost of passes by length and each sequence's acceptance, so a batch that already
-//! fills the machine drafts nothing. A drafter that follows one sequence (a model with its own
-//! KV cache) drafts for a lone sequence only.
+//! decides how far), and every decoding sequence of a batch drafts, the target verifying all
+//! their drafts in the step's one pass: the drafted rows worth their share of the pass are
+//! chosen for the step as a whole, from the measured cost of passes by length and each
+//! sequence's acceptance, so a batch that already fills the machine drafts nothing. A
+//! stateless drafter (n-gram lookup) proposes for every sequence before the rows are chosen;
+//! a model drafter, which follows each sequence in its own pool of KV blocks, is told the
+//! rows first, and drafts them in passes that each draft a position of every sequence given
+//! that many, priced by their measured time.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch, RowSampling};
 use lucebox_model::{Model, Workspace};
 
 use crate::speculative::{
-    Draft, DraftPolicy, DraftTiming, Drafter, MAX_DRAFT, Offer, PairCosts, Pass, Rivals, Round,
-    Scores, SequenceDrafting, SpecStats, accept, allot, run_drafter,
+    Draft, DraftPolicy, DraftPrice, DraftTiming, Drafter, MAX_DRAFT, Offer, PairCosts, Pass,
+    Proposal, Rivals, Round, Scores, SequenceDrafting, SpecStats, accept, allot, run_drafter,
 };
 use crate::{
     BlockPool, Error, GenerationStats, MAX_TOP_LOGPROBS, Sampler, SequenceBlocks, StopReason,
@@ -207,8 +209,6 @@ struct Speculation {
     policy: DraftPolicy,
     /// What drafting and verifying cost, kept across sequences.
     costs: PairCosts,
-    /// The sequence that drafted last: the drafter restarts when another one does.
-    last: Option<SequenceId>,
     /// Vocabulary-sized zeros, scratch for rejection sampling.
     dense: Vec<f32>,
     /// A batched step's offers, one per plan entry that drafts, in plan order, and the rows
@@ -261,7 +261,7 @@ impl<B: Backend> std::fmt::Debug for Batcher<B> {
 
 impl<B: Backend> Batcher<B> {
     /// A batcher on `model`; `is_end` says which tokens end a generation, and `speculation`
-    /// is the drafter that lone sequences speculate with.
+    /// is the drafter sequences speculate with, alone or in a batch.
     pub fn new(
         model: Arc<Model<B>>,
         config: BatchConfig,
@@ -295,14 +295,8 @@ impl<B: Backend> Batcher<B> {
         let config = BatchConfig { context, ..config };
         let layout = model.kv_layout(config.kv_blocks, config.block_tokens);
         let kv = model.backend().kv_cache(layout)?;
-        // A stateless drafter drafts for every sequence of a batch; otherwise only a lone
-        // sequence's verify pass has more rows than sequences.
-        let stateless = speculation.as_ref().is_some_and(|(d, _)| d.is_stateless());
-        let logits_rows = if stateless {
-            (config.max_sequences * (longest_draft + 1)).min(config.step_tokens)
-        } else {
-            config.max_sequences.max(longest_draft + 1)
-        };
+        // Every sequence of a batch may verify a draft.
+        let logits_rows = (config.max_sequences * (longest_draft + 1)).min(config.step_tokens);
         let workspace = model.workspace(BatchCapacity {
             tokens: config.step_tokens,
             sequences: config.max_sequences,
@@ -335,7 +329,6 @@ impl<B: Backend> Batcher<B> {
                 drafter,
                 policy,
                 costs: PairCosts::default(),
-                last: None,
                 dense: vec![0.0; vocab],
                 offers: Vec::with_capacity(config.max_sequences),
                 chosen: Vec::with_capacity(config.max_sequences),
@@ -403,17 +396,14 @@ impl<B: Backend> Batcher<B> {
     }
 
     /// Drafts for the planned decode rows within `budget` more tokens: for a lone sequence as
-    /// its draft-length control says, for a batch (with a stateless drafter) the rows the
-    /// step's allotment chooses. A draft goes only where the pool has room for it without
+    /// its draft-length control says, for a batch the rows the step's allotment (or a fixed
+    /// draft length) chooses. A draft goes only where the pool has room for it without
     /// preempting anyone.
     fn plan_drafts(&mut self, budget: usize) -> Result<(), Error> {
         let Some(spec) = &mut self.speculation else {
             return Ok(());
         };
         let alone = self.running.len() == 1 && self.waiting.is_empty();
-        if !alone && !spec.drafter.is_stateless() {
-            return Ok(());
-        }
         let scored = self.plan.iter().filter(|p| p.scored).count();
         let room = budget.min(self.logits_rows - scored);
         spec.offers.clear();
@@ -423,6 +413,7 @@ impl<B: Backend> Batcher<B> {
             Rivals::Batch { cutoff: 0.0 }
         };
         let allotted = !alone && matches!(spec.policy, DraftPolicy::Adaptive(_));
+        let proposes_first = spec.drafter.is_stateless();
         for p in &mut self.plan {
             let seq = &mut self.running[p.index];
             if p.count != 1 || !p.scored || seq.logprobs.is_some() {
@@ -432,35 +423,39 @@ impl<B: Backend> Batcher<B> {
             let context_left = self.config.context - seq.blocks.len();
             // Nothing is drafted beyond what may still be generated or fit in the context.
             let most = (remaining - 1).min(context_left - 1);
+            seq.draft.clear();
+            let drafter = &mut *spec.drafter;
             let (wanted, timing) = if alone {
-                let plan = seq.drafting.plan(
-                    &*spec.drafter,
-                    spec.policy,
-                    &spec.costs,
-                    &seq.tokens,
-                    remaining,
-                );
+                let plan =
+                    seq.drafting
+                        .plan(drafter, spec.policy, &spec.costs, &seq.tokens, remaining);
                 let k = plan.wanted.min(most);
-                if k > 0 && spec.last != Some(seq.id) {
-                    spec.drafter.start(seq.sampler.params())?;
-                    spec.last = Some(seq.id);
-                }
-                let view = &seq.tokens[plan.view_from..];
-                let timing = run_drafter(&mut *spec.drafter, view, plan.unseen, k, &mut seq.draft)?;
+                let view = seq.drafting.view(&seq.tokens);
+                let timing = run_drafter(drafter, view, plan.unseen, k, &mut seq.draft)?;
                 (k, timing)
             } else {
                 let k = spec.policy.longest().min(most);
-                let timing = run_drafter(&mut *spec.drafter, &seq.tokens, 0, k, &mut seq.draft)?;
+                let view = seq.drafting.view(&seq.tokens);
+                let (proposed, unseen, timing) = if proposes_first {
+                    let timing = run_drafter(drafter, view, 0, k, &mut seq.draft)?;
+                    (seq.draft.len(), 0, timing)
+                } else {
+                    (k, drafter.unseen(&view), DraftTiming::default())
+                };
                 if allotted {
-                    let offer = seq.drafting.control.offer(seq.draft.len(), &spec.costs);
+                    let control = &seq.drafting.control;
+                    let offer = control.offer(proposed, unseen, remaining, &spec.costs);
                     spec.offers.push(offer);
                 }
                 (k, timing)
             };
             p.drafting = Some((wanted, timing));
         }
-        if allotted {
-            self.allot_drafts(room);
+        if !alone {
+            self.choose_batch_rows(room, allotted);
+            if !proposes_first {
+                self.draft_chosen_rows()?;
+            }
         }
         let mut room = room;
         for p in &mut self.plan {
@@ -479,30 +474,143 @@ impl<B: Backend> Batcher<B> {
         Ok(())
     }
 
-    /// Cuts the drafts of a batched step to the rows the allotment chooses for them within
-    /// `room`, and notes what they competed with.
-    fn allot_drafts(&mut self, room: usize) {
+    /// Chooses the drafted rows of a batched step, `chosen[i]` for the `i`-th drafting plan
+    /// entry, within `room`: by the allotment when `allotted`, else each sequence its fixed
+    /// length in plan order. Drafts already proposed are cut to their rows.
+    fn choose_batch_rows(&mut self, room: usize, allotted: bool) {
         let spec = self.speculation.as_mut().expect("drafting");
-        let pass = Pass {
-            tokens: self.plan.iter().map(|p| p.count).sum(),
-            produces: self.plan.iter().filter(|p| p.scored).count(),
-        };
+        let proposes_first = spec.drafter.is_stateless();
         spec.chosen.clear();
-        spec.chosen.resize(spec.offers.len(), 0);
-        let cutoff = allot(&spec.costs, pass, &spec.offers, room, &mut spec.chosen);
-        spec.rivals = Rivals::Batch { cutoff };
+        if allotted {
+            let pass = Pass {
+                tokens: self.plan.iter().map(|p| p.count).sum(),
+                produces: self.plan.iter().filter(|p| p.scored).count(),
+            };
+            let price = if proposes_first {
+                DraftPrice::PerToken
+            } else {
+                DraftPrice::PerPass
+            };
+            spec.chosen.resize(spec.offers.len(), 0);
+            let cutoff = allot(
+                &spec.costs,
+                price,
+                pass,
+                &spec.offers,
+                room,
+                &mut spec.chosen,
+            );
+            spec.rivals = Rivals::Batch { cutoff };
+        } else {
+            let mut left = room;
+            for p in self.plan.iter().filter(|p| p.drafting.is_some()) {
+                let seq = &self.running[p.index];
+                let wanted = match (proposes_first, p.drafting) {
+                    (true, _) => seq.draft.len(),
+                    (false, Some((k, _))) => k,
+                    (false, None) => 0,
+                };
+                let rows = wanted.min(left);
+                left -= rows;
+                spec.chosen.push(rows);
+            }
+        }
         let drafting = self.plan.iter_mut().filter(|p| p.drafting.is_some());
-        for (p, &chosen) in drafting.zip(&spec.chosen) {
-            let seq = &mut self.running[p.index];
-            // A sequence that had drafts but was given none made a plain step by choice.
+        for (i, (p, &chosen)) in drafting.zip(&spec.chosen).enumerate() {
+            // A sequence that offered drafts but was given none made a plain step by choice.
+            let offered = spec.offers.get(i).is_some_and(|offer| offer.proposed > 0);
             if chosen == 0
-                && !seq.draft.is_empty()
+                && offered
                 && let Some((wanted, _)) = &mut p.drafting
             {
                 *wanted = 0;
             }
-            seq.draft.truncate(chosen);
+            self.running[p.index].draft.truncate(chosen);
         }
+    }
+
+    /// Has a model drafter draft the chosen rows: it catches up every sequence given rows,
+    /// then drafts a position of each in a pass, as many passes as the most rows given; each
+    /// pass is priced by the sequences it drafted for, and each sequence's timing is its
+    /// share of the catch-up and of the passes it took part in.
+    fn draft_chosen_rows(&mut self) -> Result<(), Error> {
+        let Self {
+            model,
+            running,
+            plan,
+            speculation,
+            ..
+        } = self;
+        let spec = speculation.as_mut().expect("drafting");
+        let mut rows = vec![0; running.len()];
+        let drafting = plan.iter().filter(|p| p.drafting.is_some());
+        for (p, &chosen) in drafting.zip(&spec.chosen) {
+            rows[p.index] = chosen;
+        }
+        let depth = rows.iter().copied().max().unwrap_or(0);
+        if depth == 0 {
+            return Ok(());
+        }
+        let backend = model.backend();
+        let inputs: Vec<_> = running
+            .iter()
+            .zip(&rows)
+            .filter(|&(_, &r)| r > 0)
+            .map(|(seq, _)| seq.drafting.view(&seq.tokens))
+            .collect();
+        let unseen = inputs.iter().map(|input| spec.drafter.unseen(input)).sum();
+        let recorded = backend.passes_recorded();
+        let started = Instant::now();
+        spec.drafter.catch_up(&inputs)?;
+        let catching_up = started.elapsed();
+        if backend.passes_recorded() == recorded {
+            spec.costs
+                .observe_batch_catch_up(unseen, inputs.len(), catching_up);
+        }
+        let catch_up = catching_up / inputs.len() as u32;
+        drop(inputs);
+        let mut shares = vec![Duration::ZERO; running.len()];
+        for position in 0..depth {
+            let mut proposals: Vec<Proposal<'_>> = Vec::with_capacity(running.len());
+            let mut taking_part = Vec::with_capacity(running.len());
+            for (index, (seq, &r)) in running.iter_mut().zip(&rows).enumerate() {
+                if r > position && seq.draft.len() == position {
+                    taking_part.push(index);
+                    proposals.push(Proposal {
+                        input: seq.drafting.view(&seq.tokens),
+                        max: 1,
+                        draft: &mut seq.draft,
+                    });
+                }
+            }
+            if proposals.is_empty() {
+                break;
+            }
+            let recorded = backend.passes_recorded();
+            let pass_started = Instant::now();
+            spec.drafter.propose(&mut proposals)?;
+            let pass = pass_started.elapsed();
+            if backend.passes_recorded() == recorded {
+                spec.costs.observe_drafter_pass(proposals.len(), pass);
+            }
+            let share = pass / proposals.len() as u32;
+            for index in taking_part {
+                shares[index] += share;
+            }
+        }
+        for p in plan.iter_mut() {
+            if let Some((_, timing)) = &mut p.drafting
+                && rows[p.index] > 0
+            {
+                *timing = DraftTiming {
+                    caught_up: 0,
+                    catch_up,
+                    propose: shares[p.index],
+                    shared: true,
+                };
+            }
+        }
+        Ok(())
     }
 
     /// Admits waiting sequences while there is room in the batch, the budget and the pool, and
@@ -757,6 +865,9 @@ impl<B: Backend> Batcher<B> {
     /// Frees a finished sequence's blocks and reports it.
     fn retire(&mut self, mut seq: Sequence, stop: StopReason) -> Event {
         seq.blocks.release(&mut self.pool);
+        if let Some(spec) = &mut self.speculation {
+            spec.drafter.finish(seq.id.0);
+        }
         let now = Instant::now();
         let first_token = seq.first_token.unwrap_or(now);
         Event::Finished {
@@ -807,9 +918,12 @@ where
         }
         let id = SequenceId(self.next_id);
         self.next_id += 1;
-        let drafting = match &self.speculation {
-            Some(spec) => SequenceDrafting::new(spec.policy, &spec.costs),
-            None => SequenceDrafting::new(DraftPolicy::Fixed(0), &PairCosts::default()),
+        let drafting = match &mut self.speculation {
+            Some(spec) => {
+                spec.drafter.start(id.0, sampler.params())?;
+                SequenceDrafting::new(id.0, spec.policy, &spec.costs)
+            }
+            None => SequenceDrafting::new(id.0, DraftPolicy::Fixed(0), &PairCosts::default()),
         };
         self.waiting.push_back(Sequence {
             id,

@@ -194,6 +194,12 @@ impl SequenceBlocks {
         true
     }
 
+    /// Positions in leading blocks registered with the prefix cache: final, so the sequence
+    /// may be truncated to fewer only by releasing it whole.
+    pub fn final_len(&self, pool: &BlockPool) -> usize {
+        self.cached * pool.block_tokens
+    }
+
     /// Marks `count` more positions as filled; they must have been reserved.
     pub fn advance(&mut self, pool: &BlockPool, count: usize) {
         assert!(

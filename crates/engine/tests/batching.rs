@@ -9,7 +9,9 @@ use std::sync::Arc;
 use lucebox_backend::{ActivationPrecision, CpuBackend};
 use lucebox_model::Model;
 
-use lucebox_engine::speculative::{DraftPolicy, NgramDrafter};
+use lucebox_engine::speculative::{
+    DraftPolicy, Drafter, DrafterConfig, ModelDrafter, NgramDrafter,
+};
 use lucebox_engine::{
     BatchConfig, BatchEngine, Batcher, Event, GenerationStats, NewSequence, Rng, Sampler,
     SamplingParams, SequenceId, Session, SessionConfig, StopReason,
@@ -306,8 +308,12 @@ fn repeating_prompt(rng: &mut Rng, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// A batcher of up to 4 sequences that speculates with n-gram lookup.
-fn ngram_batcher(model: &Arc<Model<CpuBackend>>, policy: DraftPolicy) -> Batcher<CpuBackend> {
+/// A batcher of up to 4 sequences that speculates with `drafter`.
+fn speculating_batcher(
+    model: &Arc<Model<CpuBackend>>,
+    drafter: Box<dyn Drafter + Send>,
+    policy: DraftPolicy,
+) -> Batcher<CpuBackend> {
     Batcher::new(
         model.clone(),
         BatchConfig {
@@ -318,9 +324,32 @@ fn ngram_batcher(model: &Arc<Model<CpuBackend>>, policy: DraftPolicy) -> Batcher
             step_tokens: 64,
         },
         Box::new(|_| false),
-        Some((Box::new(NgramDrafter::default()), policy)),
+        Some((drafter, policy)),
     )
     .unwrap()
+}
+
+/// A batcher of up to 4 sequences that speculates with n-gram lookup.
+fn ngram_batcher(model: &Arc<Model<CpuBackend>>, policy: DraftPolicy) -> Batcher<CpuBackend> {
+    speculating_batcher(model, Box::new(NgramDrafter::default()), policy)
+}
+
+/// A batcher of up to 4 sequences that speculates with `model` itself as its drafter, in a
+/// pool of `drafter_blocks` blocks of its own: greedy drafts are then always accepted.
+fn self_drafting_batcher(
+    model: &Arc<Model<CpuBackend>>,
+    policy: DraftPolicy,
+    drafter_blocks: usize,
+) -> Batcher<CpuBackend> {
+    let config = DrafterConfig {
+        context: 512,
+        sequences: 4,
+        kv_blocks: drafter_blocks,
+        block_tokens: 16,
+        pass_tokens: 64,
+    };
+    let drafter = ModelDrafter::with_config(model.clone(), config).unwrap();
+    speculating_batcher(model, Box::new(drafter), policy)
 }
 
 #[test]
@@ -389,6 +418,73 @@ fn batched_sequences_verify_their_drafts_in_one_pass_and_each_output_is_its_own(
     // The adaptive allotment decides from measured times, which vary; greedy output may not.
     let (out, _) = common::run_together(
         &mut ngram_batcher(&model, DraftPolicy::Adaptive(8)),
+        &requests,
+    );
+    for (i, (tokens, _)) in out.iter().enumerate().take(3) {
+        assert_eq!(tokens, &lone[i], "request {i}, adaptive");
+    }
+}
+
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn a_model_drafter_drafts_for_the_whole_batch_and_each_output_is_its_own() {
+    let (_, model) = common::load(MODEL);
+    let vocab = model.config().vocab;
+    let mut rng = Rng::seeded(7);
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: Some(9),
+        ..SamplingParams::default()
+    };
+    let requests: Vec<Request> = [17, 30, 9, 24]
+        .into_iter()
+        .enumerate()
+        .map(|(i, len)| {
+            let params = if i == 3 {
+                sampled.clone()
+            } else {
+                SamplingParams::default()
+            };
+            (common::random_tokens(&mut rng, len, vocab), params, 40)
+        })
+        .collect();
+    let fixed = DraftPolicy::Fixed(3);
+    // Each request alone, drafting the same way: the drafter's logits, like the target's, do
+    // not depend on the batch, and its draws come from each sequence's own stream, so the
+    // batch must give the same tokens, the sampled request's included.
+    let lone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|request| {
+            let mut batcher = self_drafting_batcher(&model, fixed, 64);
+            common::run_together(&mut batcher, std::slice::from_ref(request)).0[0]
+                .0
+                .clone()
+        })
+        .collect();
+    for (i, (prompt, params, n)) in requests.iter().enumerate().take(3) {
+        assert_eq!(lone[i], alone(&model, prompt, params, *n), "request {i}");
+    }
+    let (out, first_finished) =
+        common::run_together(&mut self_drafting_batcher(&model, fixed, 64), &requests);
+    for (i, (tokens, spec)) in out.iter().enumerate() {
+        assert_eq!(tokens, &lone[i], "request {i}");
+        assert!(spec.accepted_tokens() > 0, "request {i}: {spec:?}");
+    }
+    // Greedy drafts by the target itself are always accepted: four tokens a step from the
+    // prompts' prefill on, for all four sequences at once.
+    assert!(
+        first_finished < 16,
+        "the first finished after {first_finished} steps"
+    );
+    // A drafter pool too small for the batch: sequences lose their drafter's blocks to one
+    // another and draft less, and the output may not change.
+    let (out, _) = common::run_together(&mut self_drafting_batcher(&model, fixed, 5), &requests);
+    for (i, (tokens, _)) in out.iter().enumerate().take(3) {
+        assert_eq!(tokens, &lone[i], "request {i}, small drafter pool");
+    }
+    let (out, _) = common::run_together(
+        &mut self_drafting_batcher(&model, DraftPolicy::Adaptive(8), 64),
         &requests,
     );
     for (i, (tokens, _)) in out.iter().enumerate().take(3) {

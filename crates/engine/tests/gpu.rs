@@ -27,7 +27,9 @@ use lucebox_backend::{
 type GpuBackend = lucebox_backend::CudaBackend;
 #[cfg(not(feature = "cuda"))]
 type GpuBackend = lucebox_backend::HipBackend;
-use lucebox_engine::speculative::{DraftPolicy, ModelDrafter, NgramDrafter, SpecStats, Speculator};
+use lucebox_engine::speculative::{
+    DraftPolicy, Drafter, DrafterConfig, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+};
 use lucebox_engine::{
     BatchConfig, Batcher, Generator, Rng, Sampler, SamplingParams, Session, SessionConfig,
 };
@@ -766,16 +768,36 @@ fn speculative_greedy_equals_plain_greedy_with(tuning: GpuTuning) {
 
 #[test]
 #[ignore = "needs a GPU and fetched models"]
-fn batched_ngram_speculation_equals_plain_greedy_on_the_device() {
-    let file = open(TARGET);
+fn batched_speculation_equals_plain_greedy_on_the_device() {
+    let (file, drafter_file) = (open(TARGET), open(DRAFTER));
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
     for tuning in TUNINGS {
-        let target = on(&tuned(tuning), &file);
+        let gpu = tuned(tuning);
+        let target = on(&gpu, &file);
+        let drafter_model = on(&gpu, &drafter_file);
         let mut plain = Session::new(Arc::clone(&target), config()).unwrap();
         let expected: Vec<Vec<u32>> = prompts.iter().map(|t| greedy(&mut plain, t, 64)).collect();
-        for policy in [DraftPolicy::Fixed(4), DraftPolicy::Adaptive(8)] {
-            let config = batch_config(prompts.len());
-            let drafter = Box::<NgramDrafter>::default();
+        let config = batch_config(prompts.len());
+        for (kind, policy) in [
+            ("n-gram", DraftPolicy::Fixed(4)),
+            ("n-gram", DraftPolicy::Adaptive(8)),
+            ("drafter", DraftPolicy::Fixed(4)),
+            ("drafter", DraftPolicy::Adaptive(8)),
+        ] {
+            let drafter: Box<dyn Drafter + Send> = if kind == "n-gram" {
+                Box::<NgramDrafter>::default()
+            } else {
+                let drafter_config = DrafterConfig {
+                    context: config.context,
+                    sequences: config.max_sequences,
+                    kv_blocks: config.kv_blocks,
+                    block_tokens: config.block_tokens,
+                    pass_tokens: config.step_tokens,
+                };
+                Box::new(
+                    ModelDrafter::with_config(Arc::clone(&drafter_model), drafter_config).unwrap(),
+                )
+            };
             let mut batcher = Batcher::new(
                 Arc::clone(&target),
                 config,
@@ -791,9 +813,9 @@ fn batched_ngram_speculation_equals_plain_greedy_on_the_device() {
             let mut spec = SpecStats::default();
             out.iter().for_each(|(_, s)| spec.add(s));
             let out: Vec<Vec<u32>> = out.into_iter().map(|(tokens, _)| tokens).collect();
-            assert_eq!(out, expected, "{tuning:?}, {policy:?}");
+            assert_eq!(out, expected, "{tuning:?}, {kind}, {policy:?}");
             println!(
-                "{tuning:?}, {policy:?}: {} sequences together, the first done after \
+                "{tuning:?}, {kind}, {policy:?}: {} sequences together, the first done after \
                  {first_finished} steps, {} of {} drafts accepted: identical to plain",
                 requests.len(),
                 spec.accepted_tokens(),

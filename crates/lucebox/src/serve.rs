@@ -9,7 +9,9 @@ use anyhow::{Context, bail};
 use clap::Args;
 use lucebox_appliance::{DEFAULT_CHIP, HostProfile};
 use lucebox_backend::{Backend, GpuTuning};
-use lucebox_engine::speculative::{DraftPolicy, Drafter, ModelDrafter, NgramDrafter};
+use lucebox_engine::speculative::{
+    DraftPolicy, Drafter, DrafterConfig, ModelDrafter, NgramDrafter,
+};
 use lucebox_engine::{BatchConfig, Batcher, DEFAULT_BLOCK_TOKENS};
 use lucebox_server::{Engine, Server, ServerConfig};
 use lucebox_tokenizer::{ChatTemplate, Tokenizer};
@@ -414,6 +416,17 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
         .catalogue_name
         .clone()
         .unwrap_or_else(|| target.label.clone());
+    let block_tokens = DEFAULT_BLOCK_TOKENS;
+    let kv_blocks =
+        BatchConfig::kv_blocks_within(&target.model, settings.kv_cache_mib << 20, block_tokens);
+    if kv_blocks * block_tokens < settings.context {
+        bail!(
+            "--kv-cache-mib {} holds {} positions of this model, fewer than --context {}",
+            settings.kv_cache_mib,
+            kv_blocks * block_tokens,
+            settings.context
+        );
+    }
     let (drafter, drafter_name): (Option<Box<dyn Drafter + Send>>, String) = match settings
         .draft
         .as_deref()
@@ -427,21 +440,18 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
                 .catalogue_name
                 .clone()
                 .unwrap_or_else(|| drafter.label.clone());
-            let model_drafter = ModelDrafter::new(drafter.model, settings.context)?;
+            // As many positions as the target's pool: the drafter follows the same sequences.
+            let config = DrafterConfig {
+                context: settings.context,
+                sequences: settings.max_sequences,
+                kv_blocks,
+                block_tokens,
+                pass_tokens: settings.step_tokens,
+            };
+            let model_drafter = ModelDrafter::with_config(drafter.model, config)?;
             (Some(Box::new(model_drafter)), name)
         }
     };
-    let block_tokens = DEFAULT_BLOCK_TOKENS;
-    let kv_blocks =
-        BatchConfig::kv_blocks_within(&target.model, settings.kv_cache_mib << 20, block_tokens);
-    if kv_blocks * block_tokens < settings.context {
-        bail!(
-            "--kv-cache-mib {} holds {} positions of this model, fewer than --context {}",
-            settings.kv_cache_mib,
-            kv_blocks * block_tokens,
-            settings.context
-        );
-    }
     let config = BatchConfig {
         context: settings.context,
         kv_blocks,
@@ -455,12 +465,9 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
     };
     let speculation = match &drafter {
         None => json!(null),
-        Some(drafter) => {
-            let when = if drafter.is_stateless() {
-                "every running request, its drafts verified in the batch's pass where they pay"
-            } else {
-                "a request runs alone"
-            };
+        Some(_) => {
+            let when =
+                "every running request, its drafts verified in the batch's pass where they pay";
             json!({"drafter": drafter_name, "draft_tokens_max": settings.draft_tokens, "draft_length": "adaptive", "when": when})
         }
     };

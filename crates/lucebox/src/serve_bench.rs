@@ -51,6 +51,10 @@ pub(crate) struct ServeBenchArgs<'a> {
 struct Sample {
     first_token: Duration,
     tokens: u64,
+    /// Drafted and accepted tokens, from the stream's `timings` (lucebox and llama.cpp send
+    /// them).
+    drafted: u64,
+    accepted: u64,
 }
 
 #[derive(Serialize)]
@@ -62,6 +66,8 @@ struct Level {
     aggregate_tok_s: f64,
     ttft_p50_ms: f64,
     ttft_p99_ms: f64,
+    drafted_tokens: u64,
+    accepted_tokens: u64,
 }
 
 /// A `lucebox serve` child, stopped when dropped.
@@ -151,19 +157,29 @@ pub(crate) fn run(args: ServeBenchArgs<'_>) -> anyhow::Result<()> {
         args.max_tokens
     );
     println!(
-        "{:>11} {:>8} {:>8} {:>9} {:>12} {:>14} {:>14}",
-        "concurrency", "requests", "tokens", "seconds", "tok/s", "TTFT p50 ms", "TTFT p99 ms"
+        "{:>11} {:>8} {:>8} {:>9} {:>12} {:>14} {:>14} {:>8} {:>9}",
+        "concurrency",
+        "requests",
+        "tokens",
+        "seconds",
+        "tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "drafted",
+        "accepted"
     );
     for l in &levels {
         println!(
-            "{:>11} {:>8} {:>8} {:>9.2} {:>12.1} {:>14.0} {:>14.0}",
+            "{:>11} {:>8} {:>8} {:>9.2} {:>12.1} {:>14.0} {:>14.0} {:>8} {:>9}",
             l.concurrency,
             l.requests,
             l.generated_tokens,
             l.seconds,
             l.aggregate_tok_s,
             l.ttft_p50_ms,
-            l.ttft_p99_ms
+            l.ttft_p99_ms,
+            l.drafted_tokens,
+            l.accepted_tokens
         );
     }
     Ok(())
@@ -260,6 +276,8 @@ async fn run_level(
     let percentile = |p: f64| first_tokens[((first_tokens.len() - 1) as f64 * p).round() as usize];
     let generated_tokens = samples.iter().map(|s| s.tokens).sum();
     Ok(Level {
+        drafted_tokens: samples.iter().map(|s| s.drafted).sum(),
+        accepted_tokens: samples.iter().map(|s| s.accepted).sum(),
         concurrency,
         requests,
         generated_tokens,
@@ -322,6 +340,7 @@ impl Client {
         let mut first_token = None;
         let mut tokens = None;
         let mut pieces = 0u64;
+        let (mut drafted, mut accepted) = (0, 0);
         while let Some(frame) = response.body_mut().frame().await {
             let Ok(data) = frame.context("reading the stream")?.into_data() else {
                 continue;
@@ -357,11 +376,18 @@ impl Client {
                 if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
                     tokens = Some(n);
                 }
+                let timings = &chunk["timings"];
+                if let Some(n) = timings["draft_n"].as_u64() {
+                    drafted = n;
+                    accepted = timings["draft_n_accepted"].as_u64().unwrap_or(0);
+                }
             }
         }
         Ok(Sample {
             first_token: first_token.unwrap_or_else(|| sent.elapsed()),
             tokens: tokens.unwrap_or(pieces),
+            drafted,
+            accepted,
         })
     }
 }

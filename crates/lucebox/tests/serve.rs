@@ -1051,6 +1051,64 @@ fn load_test_64_clients_500_requests_each_output_as_if_alone() {
     );
 }
 
+/// A model drafter follows every running request in its own pool of KV blocks: with the
+/// model as its own drafter, a pool as small as the target's, and clients at once, every
+/// greedy output is still the one a client gets alone.
+#[test]
+fn a_model_drafter_serves_concurrent_clients_each_output_as_if_alone() {
+    const CLIENTS: usize = 8;
+    const REQUESTS: usize = 48;
+    let drafter = lucebox_testkit::model(MODEL);
+    let server = Server::start(&[
+        "--draft",
+        drafter.to_str().unwrap(),
+        "--max-sequences",
+        "8",
+        "--step-tokens",
+        "64",
+        "--kv-cache-mib",
+        "6",
+        "--context",
+        "256",
+    ]);
+    let client = server.client();
+    let request = |i: usize| {
+        let repeats = "one two three four ".repeat(1 + i % 3);
+        chat(
+            &format!("Continue the pattern: {repeats}"),
+            json!({"max_tokens": 12 + 4 * (i % 2), "stream": true}),
+        )
+    };
+    let distinct = 6;
+    let alone: Vec<String> = (0..distinct)
+        .map(|i| streamed_chat(&client.post("/v1/chat/completions", &request(i))).0)
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outputs = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..CLIENTS {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= REQUESTS {
+                        break;
+                    }
+                    let (text, _, _) =
+                        streamed_chat(&client.post("/v1/chat/completions", &request(i)));
+                    outputs.lock().unwrap().push((i, text));
+                }
+            });
+        }
+    });
+    let outputs = outputs.into_inner().unwrap();
+    assert_eq!(outputs.len(), REQUESTS);
+    for (i, text) in outputs {
+        assert_eq!(text, alone[i % distinct], "request {i}");
+    }
+    let metrics = server.get("/metrics", &[]).body;
+    assert_eq!(metric(&metrics, "lucebox:kv_cache_usage_perc"), 0.0);
+}
+
 #[test]
 fn a_closed_log_does_not_take_requests_down() {
     let mut child = spawn_serve(&[]);

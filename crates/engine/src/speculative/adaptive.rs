@@ -138,9 +138,63 @@ pub struct PairCosts {
     draft: Average,
     /// Seconds the drafter spends per token when it catches up on more than a steady round's.
     catch_up: Average,
-    /// Seconds of a target forward pass of `n` tokens, at index `n` (index 0 unused): a lone
-    /// sequence's plain step and verify passes, and the passes of whole batches.
-    passes: Vec<Average>,
+    /// Target forward passes: a lone sequence's plain steps and verify passes, and the
+    /// passes of whole batches.
+    passes: PassTimes,
+    /// A model drafter's passes for a batch, each drafting a position of every sequence
+    /// given rows: what a batch's drafts cost ([`allot`](super::batch::allot)).
+    drafter_passes: PassTimes,
+}
+
+/// Seconds of a forward pass by the tokens it feeds: that of `n` tokens at index `n` (index 0
+/// unused).
+#[derive(Clone, Debug, Default)]
+struct PassTimes(Vec<Average>);
+
+impl PassTimes {
+    fn observe(&mut self, tokens: usize, time: Duration) {
+        if tokens == 0 {
+            return;
+        }
+        if self.0.len() <= tokens {
+            self.0.resize(tokens + 1, Average::default());
+        }
+        self.0[tokens].observe(time.as_secs_f64());
+    }
+
+    fn measured(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.0
+            .iter()
+            .enumerate()
+            .filter_map(|(tokens, seconds)| Some((tokens, seconds.0?)))
+    }
+
+    /// The estimated seconds of a pass of `tokens` tokens: measured when it was, else
+    /// interpolated linearly between the nearest measured lengths, else extrapolated along
+    /// the line through the shortest and longest measured ones; 0 when none was.
+    fn seconds(&self, tokens: usize) -> f64 {
+        let measured = |i: usize| self.0.get(i)?.0.map(|s| (i as f64, s));
+        if let Some((_, s)) = measured(tokens) {
+            return s;
+        }
+        let lengths = 1..self.0.len();
+        let below = (1..tokens).rev().find_map(measured);
+        let above = (tokens + 1..self.0.len()).find_map(measured);
+        let first = lengths.clone().find_map(measured);
+        let last = lengths.rev().find_map(measured);
+        let line = |(x0, y0): (f64, f64), (x1, y1): (f64, f64)| {
+            if x1 == x0 {
+                y0
+            } else {
+                y0 + (y1 - y0) * (tokens as f64 - x0) / (x1 - x0)
+            }
+        };
+        match (below, above, first, last) {
+            (Some(b), Some(a), _, _) => line(b, a),
+            (_, _, Some(f), Some(l)) => line(f, l).max(f.1.min(l.1)),
+            _ => 0.0,
+        }
+    }
 }
 
 impl PairCosts {
@@ -161,21 +215,29 @@ impl PairCosts {
 
     /// The measured target passes: tokens in the pass (1: a plain step) and their seconds.
     pub fn measured_passes(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
-        self.passes
-            .iter()
-            .enumerate()
-            .filter_map(|(tokens, seconds)| Some((tokens, seconds.0?)))
+        self.passes.measured()
+    }
+
+    /// The measured drafter passes for batches: sequences drafted for and their seconds.
+    pub fn measured_drafter_passes(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        self.drafter_passes.measured()
     }
 
     /// Records the time of a target forward pass of `tokens` tokens.
     pub(crate) fn observe_pass(&mut self, tokens: usize, time: Duration) {
-        if tokens == 0 {
-            return;
-        }
-        if self.passes.len() <= tokens {
-            self.passes.resize(tokens + 1, Average::default());
-        }
-        self.passes[tokens].observe(time.as_secs_f64());
+        self.passes.observe(tokens, time);
+    }
+
+    /// Records the time of a drafter pass that drafted a position for `sequences` sequences
+    /// of a batch.
+    pub(crate) fn observe_drafter_pass(&mut self, sequences: usize, time: Duration) {
+        self.drafter_passes.observe(sequences, time);
+    }
+
+    /// The estimated seconds of a drafter pass drafting for `sequences` sequences of a batch;
+    /// 0 before any was measured.
+    pub(crate) fn drafter_pass_seconds(&self, sequences: usize) -> f64 {
+        self.drafter_passes.seconds(sequences)
     }
 
     /// Records a drafter's work before verifying: `caught_up` tokens it had not seen, then
@@ -197,6 +259,19 @@ impl PairCosts {
         if drafted > 0 {
             self.draft
                 .observe(draft_time.as_secs_f64() / drafted as f64);
+        }
+    }
+
+    /// Records a model drafter's catch-up for a batch: `tokens` fed for `sequences`
+    /// sequences. Only one that fed more than a round's last token of each prices catching up.
+    pub(crate) fn observe_batch_catch_up(
+        &mut self,
+        tokens: usize,
+        sequences: usize,
+        time: Duration,
+    ) {
+        if tokens > sequences * STEADY_CATCH_UP {
+            self.catch_up.observe(time.as_secs_f64() / tokens as f64);
         }
     }
 
@@ -224,34 +299,13 @@ impl PairCosts {
 
     /// Seconds of a plain step of a lone sequence, once measured.
     fn plain_seconds(&self) -> Option<f64> {
-        self.passes.get(1).and_then(|a| a.0)
+        self.passes.0.get(1).and_then(|a| a.0)
     }
 
-    /// The estimated cost of a forward pass of `tokens` tokens: measured when it was, else
-    /// interpolated linearly between the nearest measured lengths, else extrapolated along
-    /// the line through the shortest and longest measured ones; 0 when none was.
+    /// The estimated seconds of a target forward pass of `tokens` tokens; 0 before any was
+    /// measured.
     pub(crate) fn pass_seconds(&self, tokens: usize) -> f64 {
-        let measured = |i: usize| self.passes.get(i)?.0.map(|s| (i as f64, s));
-        if let Some((_, s)) = measured(tokens) {
-            return s;
-        }
-        let lengths = 1..self.passes.len();
-        let below = (1..tokens).rev().find_map(measured);
-        let above = (tokens + 1..self.passes.len()).find_map(measured);
-        let first = lengths.clone().find_map(measured);
-        let last = lengths.rev().find_map(measured);
-        let line = |(x0, y0): (f64, f64), (x1, y1): (f64, f64)| {
-            if x1 == x0 {
-                y0
-            } else {
-                y0 + (y1 - y0) * (tokens as f64 - x0) / (x1 - x0)
-            }
-        };
-        match (below, above, first, last) {
-            (Some(b), Some(a), _, _) => line(b, a),
-            (_, _, Some(f), Some(l)) => line(f, l).max(f.1.min(l.1)),
-            _ => 0.0,
-        }
+        self.passes.seconds(tokens)
     }
 }
 
@@ -268,6 +322,13 @@ impl fmt::Display for PairCosts {
         )?;
         for (tokens, seconds) in self.measured_passes() {
             write!(f, " {tokens}: {}", ms(Some(seconds)))?;
+        }
+        let mut drafter_passes = self.measured_drafter_passes().peekable();
+        if drafter_passes.peek().is_some() {
+            write!(f, "; drafter passes for")?;
+            for (sequences, seconds) in drafter_passes {
+                write!(f, " {sequences}: {}", ms(Some(seconds)))?;
+            }
         }
         Ok(())
     }
@@ -330,37 +391,46 @@ impl DraftLength {
             .map_or(Plan::PLAIN, |catch_up| Plan { draft: k, catch_up })
     }
 
-    /// What this sequence offers a batched step when its drafter proposed `proposed` tokens:
-    /// how many of them it may draft, and the acceptance they are valued at
-    /// ([`allot`](super::batch::allot)). A sequence due a probe offers a probe's rows at the
-    /// pair's long-run acceptance, when that is above its own: its own estimate may be stale,
-    /// and a probe is worth what the pair's drafts are worth on average. With no estimate at
-    /// all (the pair's first drafts) it offers a probe's rows as if they were sure to be
-    /// accepted, so that they measure acceptance wherever a perfect draft would pay.
-    pub(crate) fn offer(&self, proposed: usize, costs: &PairCosts) -> Offer {
+    /// What this sequence offers a batched step when its drafter proposed `proposed` tokens
+    /// (or may propose them) after catching up on `unseen`, and the sequence may generate
+    /// `remaining` more: how many it may draft, the acceptance they are valued at, and the
+    /// catch-up its first drafted row costs the step ([`allot`](super::batch::allot)). A
+    /// catch-up beyond a round's last token is paid once and repaid over the tokens after it,
+    /// so the step is charged its share over as many as a lone sequence's catch-up must be
+    /// repaid within. A sequence due a probe offers a probe's rows at the pair's long-run
+    /// acceptance, when that is above its own: its own estimate may be stale, and a probe is
+    /// worth what the pair's drafts are worth on average. With no estimate at all (the pair's
+    /// first drafts) it offers a probe's rows as if they were sure to be accepted, so that they
+    /// measure acceptance wherever a perfect draft would pay.
+    pub(crate) fn offer(
+        &self,
+        proposed: usize,
+        unseen: usize,
+        remaining: usize,
+        costs: &PairCosts,
+    ) -> Offer {
         let proposed = proposed.min(self.max);
         let probe = proposed.min(PROBE_DRAFT);
         let pair = costs
             .acceptance()
             .filter(|_| costs.outcomes >= MIN_PRIOR_OUTCOMES);
         let probe_due = self.plain_steps >= self.probe_after;
-        match (self.acceptance.0, pair) {
-            (None, None) => Offer {
-                proposed: probe,
-                acceptance: 1.0,
-            },
-            (None, Some(pair)) => Offer {
-                proposed: probe,
-                acceptance: pair,
-            },
-            (Some(own), Some(pair)) if probe_due && pair > own => Offer {
-                proposed: probe,
-                acceptance: pair,
-            },
-            (Some(own), _) => Offer {
-                proposed,
-                acceptance: own,
-            },
+        let (proposed, acceptance) = match (self.acceptance.0, pair) {
+            (None, None) => (probe, 1.0),
+            (None, Some(pair)) => (probe, pair),
+            (Some(own), Some(pair)) if probe_due && pair > own => (probe, pair),
+            (Some(own), _) => (proposed, own),
+        };
+        let catch_up_seconds = match costs.catch_up.0 {
+            Some(per_token) if unseen > STEADY_CATCH_UP => {
+                per_token * unseen as f64 / remaining.clamp(1, REPAY_WITHIN) as f64
+            }
+            _ => 0.0,
+        };
+        Offer {
+            proposed,
+            acceptance,
+            catch_up_seconds,
         }
     }
 

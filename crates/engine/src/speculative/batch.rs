@@ -11,7 +11,7 @@
 //! from the measured cost of passes by their length ([`PairCosts::pass_seconds`]), improve by
 //! a clear margin ([`REQUIRED_BATCH_GAIN`]).
 
-use super::adaptive::PairCosts;
+use super::adaptive::{MAX_DRAFT, PairCosts};
 
 /// Drafted rows must promise a step this much more than its plain pass: the costs of the
 /// lengths a batch seldom runs rest on few passes, and the allotment favours exactly the
@@ -27,6 +27,9 @@ pub(crate) struct Offer {
     pub proposed: usize,
     /// The chance that a drafted token is accepted, given the ones before it were.
     pub acceptance: f64,
+    /// What its first drafted row costs the step besides the drafter's passes: its share of
+    /// a catch-up ([`DraftLength::offer`](super::DraftLength::offer)).
+    pub catch_up_seconds: f64,
 }
 
 impl Offer {
@@ -34,6 +37,18 @@ impl Offer {
     fn value(&self, j: usize) -> f64 {
         self.acceptance.powi(j as i32)
     }
+}
+
+/// How a batch's drafts are priced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DraftPrice {
+    /// At the drafter's measured seconds per token, each sequence drafting on its own
+    /// (n-gram lookup).
+    PerToken,
+    /// By drafter passes, each drafting a position of every sequence given that many rows
+    /// ([`PairCosts::drafter_pass_seconds`]): a model drafter. On a GPU a pass for sixteen
+    /// sequences costs little more than one for one.
+    PerPass,
 }
 
 /// The rows of a step before any draft.
@@ -49,20 +64,35 @@ pub(crate) struct Pass {
 /// step's expected tokens per second the highest, and at least [`REQUIRED_BATCH_GAIN`] times
 /// those of the pass without drafts (else none are drafted). Returns the value a first drafted
 /// row had to beat: that of the last row taken, or, when none was, the value one row would
-/// have needed. Nothing is drafted before any pass was measured.
+/// have needed. Nothing is drafted before any target pass was measured; drafts are free
+/// before a drafter's cost was. An offer whose first row carries a catch-up keeps its rows
+/// only where the step does better with them.
 pub(crate) fn allot(
     costs: &PairCosts,
+    price: DraftPrice,
     pass: Pass,
     offers: &[Offer],
     room: usize,
     chosen: &mut [usize],
 ) -> f64 {
     chosen.fill(0);
-    let seconds = |drafted: usize| {
-        costs.pass_seconds(pass.tokens + drafted)
-            + drafted as f64 * costs.draft_seconds().unwrap_or(0.0)
+    // `depths[d - 1]`: the offers given at least d rows, who share the drafter's d-th pass.
+    let mut depths = [0; MAX_DRAFT];
+    // The catch-ups of the offers given rows.
+    let mut catching_up = 0.0;
+    let seconds = |drafted: usize, depths: &[usize], catching_up: f64| {
+        let drafting = catching_up
+            + match price {
+                DraftPrice::PerToken => drafted as f64 * costs.draft_seconds().unwrap_or(0.0),
+                DraftPrice::PerPass => depths
+                    .iter()
+                    .take_while(|&&n| n > 0)
+                    .map(|&n| costs.drafter_pass_seconds(n))
+                    .sum(),
+            };
+        costs.pass_seconds(pass.tokens + drafted) + drafting
     };
-    let plain_seconds = seconds(0);
+    let plain_seconds = seconds(0, &depths, 0.0);
     if plain_seconds <= 0.0 {
         return f64::INFINITY;
     }
@@ -76,8 +106,12 @@ pub(crate) fn allot(
             break;
         };
         chosen[i] += 1;
+        depths[chosen[i] - 1] += 1;
+        if chosen[i] == 1 {
+            catching_up += offers[i].catch_up_seconds;
+        }
         tokens += value;
-        let rate = tokens / seconds(drafted);
+        let rate = tokens / seconds(drafted, &depths, catching_up);
         if rate > best.1 {
             best = (drafted, rate);
         }
@@ -89,9 +123,35 @@ pub(crate) fn allot(
         chosen[i] += 1;
         last_taken = Some(value);
     }
+    // The walks take rows by value alone, but a sequence whose drafter must first catch up
+    // costs the step that besides its rows: it keeps them only where the step does better.
+    let rate = |chosen: &[usize]| {
+        let mut depths = [0; MAX_DRAFT];
+        let (mut tokens, mut drafted, mut catching_up) = (pass.produces as f64, 0, 0.0);
+        for (offer, &rows) in offers.iter().zip(chosen.iter()) {
+            tokens += (1..=rows).map(|j| offer.value(j)).sum::<f64>();
+            drafted += rows;
+            depths[..rows].iter_mut().for_each(|n| *n += 1);
+            if rows > 0 {
+                catching_up += offer.catch_up_seconds;
+            }
+        }
+        tokens / seconds(drafted, &depths, catching_up)
+    };
+    for i in 0..offers.len() {
+        if chosen[i] > 0 && offers[i].catch_up_seconds > 0.0 {
+            let with = rate(chosen);
+            let rows = std::mem::take(&mut chosen[i]);
+            if rate(chosen) <= with {
+                chosen[i] = rows;
+            }
+        }
+    }
     last_taken.unwrap_or_else(|| {
         // (produces + v) / seconds(1) > REQUIRED_BATCH_GAIN * plain_rate
-        REQUIRED_BATCH_GAIN * plain_rate * seconds(1) - pass.produces as f64
+        let mut one = [0; MAX_DRAFT];
+        one[0] = 1;
+        REQUIRED_BATCH_GAIN * plain_rate * seconds(1, &one, 0.0) - pass.produces as f64
     })
 }
 
@@ -126,10 +186,13 @@ mod tests {
         costs
     }
 
+    const PER_TOKEN: DraftPrice = DraftPrice::PerToken;
+
     fn offer(proposed: usize, acceptance: f64) -> Offer {
         Offer {
             proposed,
             acceptance,
+            catch_up_seconds: 0.0,
         }
     }
 
@@ -140,7 +203,7 @@ mod tests {
             tokens: 16,
             produces: 16,
         };
-        let cutoff = allot(costs, pass, &[offer; 16], 256, &mut chosen);
+        let cutoff = allot(costs, PER_TOKEN, pass, &[offer; 16], 256, &mut chosen);
         (chosen, cutoff)
     }
 
@@ -171,7 +234,14 @@ mod tests {
             tokens: 2,
             produces: 2,
         };
-        allot(&gpu, pass, &[offer(8, 0.5), offer(8, 0.95)], 3, &mut chosen);
+        allot(
+            &gpu,
+            PER_TOKEN,
+            pass,
+            &[offer(8, 0.5), offer(8, 0.95)],
+            3,
+            &mut chosen,
+        );
         assert_eq!(chosen, [0, 3], "the room limits the rows");
     }
 
@@ -187,12 +257,59 @@ mod tests {
             tokens: 16,
             produces: 16,
         };
-        let cutoff = allot(&gpu, pass, &offers, 64, &mut chosen);
+        let cutoff = allot(&gpu, PER_TOKEN, pass, &offers, 64, &mut chosen);
         assert_eq!(chosen, [0; 16]);
         assert!(cutoff > 0.7, "{cutoff}");
         offers[3] = offer(4, 0.95);
-        allot(&gpu, pass, &offers, 64, &mut chosen);
+        allot(&gpu, PER_TOKEN, pass, &offers, 64, &mut chosen);
         assert_eq!(chosen[3], 4, "a likelier draft pays: {chosen:?}");
+    }
+
+    #[test]
+    fn a_model_drafter_s_rows_are_priced_by_its_passes() {
+        // The target as above; the drafter's pass costs `pass_ms` whatever the sequences.
+        let drafter = |pass_ms: f64| {
+            let mut costs = costs(5.0, 0.1, &[1, 16, 64]);
+            for n in [1, 16] {
+                costs.observe_drafter_pass(n, Duration::from_secs_f64(pass_ms / 1e3));
+            }
+            costs
+        };
+        let pass = Pass {
+            tokens: 16,
+            produces: 16,
+        };
+        let per_pass = |costs: &PairCosts, offers: &[Offer]| {
+            let mut chosen = vec![0; offers.len()];
+            allot(costs, DraftPrice::PerPass, pass, offers, 256, &mut chosen);
+            chosen
+        };
+        // A cheap pass drafts every sequence deep: each further pass serves all sixteen.
+        let chosen = per_pass(&drafter(1.0), &[offer(8, 0.9); 16]);
+        assert!(chosen.iter().all(|&n| n >= 2), "{chosen:?}");
+        // At 10 ms a pass even one drafted position for all sixteen does not pay.
+        let chosen = per_pass(&drafter(10.0), &[offer(8, 0.9); 16]);
+        assert_eq!(chosen, [0; 16]);
+        // A sequence whose drafter must first catch up, at 5 ms of this step, is left out; the
+        // others are not.
+        let mut offers = [offer(8, 0.9); 16];
+        offers[5].catch_up_seconds = 0.005;
+        let chosen = per_pass(&drafter(1.0), &offers);
+        assert_eq!(chosen[5], 0, "{chosen:?}");
+        assert_eq!(chosen.iter().filter(|&&n| n >= 2).count(), 15, "{chosen:?}");
+        // Priced per token at the lone drafter's cost, sixteen sequences would not draft.
+        let mut per_token = drafter(1.0);
+        per_token.observe_drafting(0, Duration::ZERO, 1, Duration::from_millis(5));
+        let mut chosen = [0; 16];
+        allot(
+            &per_token,
+            PER_TOKEN,
+            pass,
+            &[offer(8, 0.9); 16],
+            256,
+            &mut chosen,
+        );
+        assert_eq!(chosen, [0; 16]);
     }
 
     #[test]

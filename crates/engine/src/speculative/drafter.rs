@@ -2,10 +2,13 @@
 
 use std::sync::Arc;
 
-use lucebox_backend::Backend;
-use lucebox_model::Model;
+use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
+use lucebox_model::{Model, Workspace};
 
-use crate::{Distribution, Error, Sampler, SamplingParams, Session, SessionConfig};
+use crate::{
+    BlockPool, DEFAULT_BLOCK_TOKENS, Distribution, Error, Sampler, SamplingParams, SequenceBlocks,
+    SessionConfig,
+};
 
 /// Proposed tokens, each with the distribution it was drawn from. Buffers are kept across
 /// rounds, so proposing allocates nothing once warm.
@@ -76,24 +79,39 @@ impl Draft {
     }
 }
 
-/// What a drafter sees of the sequence when it proposes.
+/// What a drafter sees of a sequence when it proposes.
 ///
 /// The struct is open to new fields: a block drafter conditioned on the target's hidden states
 /// (DFlash-style) gets them here, as a field filled by the engine's verify pass, without any
 /// change to the drafters that ignore it.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct DraftInput<'a> {
+    /// Which sequence this is, as given to [`Drafter::start`]: a drafter that keeps state
+    /// keeps it per sequence.
+    pub sequence: u64,
     /// Every token of the sequence so far, prompt included; the last one has not yet been fed
     /// to the target.
     pub tokens: &'a [u32],
 }
 
 impl<'a> DraftInput<'a> {
-    /// The input for a sequence of `tokens`.
-    pub fn new(tokens: &'a [u32]) -> Self {
-        Self { tokens }
+    /// The input for `sequence`, whose tokens so far are `tokens`.
+    pub fn new(sequence: u64, tokens: &'a [u32]) -> Self {
+        Self { sequence, tokens }
     }
+}
+
+/// One sequence's part of a [`Drafter::propose`] call.
+#[derive(Debug)]
+pub struct Proposal<'a> {
+    /// The sequence.
+    pub input: DraftInput<'a>,
+    /// The most tokens to add to `draft` in this call.
+    pub max: usize,
+    /// The round's draft so far: tokens an earlier call proposed, which continue
+    /// `input.tokens`. New tokens are pushed after them.
+    pub draft: &'a mut Draft,
 }
 
 /// Proposes the tokens a target model is likely to produce next.
@@ -101,32 +119,39 @@ impl<'a> DraftInput<'a> {
 /// A proposal is only ever a guess: the verifier accepts a drafted token with probability
 /// min(1, p/q), where q is the distribution the drafter drew it from, so any drafter keeps the
 /// output exact. Better guesses only make it faster. Drafters keep whatever state they like
-/// between calls (a KV cache, an index) and must cope with the sequence having changed since
-/// the last call: tokens rejected, others appended.
+/// between calls (a KV cache, an index), per sequence, and must cope with a sequence having
+/// changed since the last call: tokens rejected, others appended. Every call takes many
+/// sequences at once, so that a batch's drafts cost one drafter pass per drafted position, not
+/// one per sequence; a lone sequence is a call of one.
 pub trait Drafter {
     /// A short name for statistics and logs.
     fn kind(&self) -> &'static str;
 
-    /// Starts a new sequence, sampled with `params`; it may share a prefix with the last one.
-    fn start(&mut self, params: &SamplingParams) -> Result<(), Error>;
+    /// Starts following `sequence`, sampled with `params`. A sequence started before keeps
+    /// what the drafter holds for it: the next proposal reuses whatever prefix it shares.
+    fn start(&mut self, sequence: u64, params: &SamplingParams) -> Result<(), Error>;
+
+    /// Forgets `sequence`, which has ended, and frees what the drafter kept for it.
+    fn finish(&mut self, sequence: u64) {
+        let _ = sequence;
+    }
 
     /// Whether the drafter keeps nothing between calls (its `start` and `catch_up` do nothing,
-    /// and `propose` depends on its input alone), so that it may propose for many sequences in
-    /// turn: a batch then verifies the drafts of all its sequences in one pass. A drafter that
-    /// follows one sequence (a model with its KV cache) drafts only for a sequence running
-    /// alone.
+    /// and `propose` depends on its inputs alone, at a cost not worth pricing). A batch has
+    /// such a drafter propose for every sequence before choosing the rows its pass verifies;
+    /// a drafter that runs a model is told how many tokens each sequence gets first.
     fn is_stateless(&self) -> bool {
         false
     }
 
-    /// Brings whatever state the drafter keeps up to date with `input.tokens` except the last
-    /// one; called before every [`propose`](Self::propose) and timed apart from it, so it
-    /// returns once that work has run (a drafter on a device waits for it). Between drafting
-    /// rounds it feeds a round's last token, part of the price of drafting. After a new
-    /// prompt, or plain steps with speculation off, it is a prefill: the engine prices it per
-    /// token and drafts only when what drafting saves can repay it.
-    fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
-        let _ = input;
+    /// Brings whatever state the drafter keeps for each input's sequence up to date with its
+    /// tokens except the last one; called before [`propose`](Self::propose) and timed apart
+    /// from it, so it returns once that work has run (a drafter on a device waits for it).
+    /// Between drafting rounds it feeds a round's last token, part of the price of drafting.
+    /// After a new prompt, or plain steps with speculation off, it is a prefill: the engine
+    /// prices it per token and drafts only when what drafting saves can repay it.
+    fn catch_up(&mut self, inputs: &[DraftInput<'_>]) -> Result<(), Error> {
+        let _ = inputs;
         Ok(())
     }
 
@@ -137,29 +162,117 @@ pub trait Drafter {
         0
     }
 
-    /// Proposes up to `max` tokens to follow `input.tokens` into `draft`, which comes empty.
+    /// Proposes up to `max` more tokens for each proposal's sequence, continuing its draft.
     /// Proposing fewer, or none, is always allowed.
-    fn propose(
-        &mut self,
-        input: &DraftInput<'_>,
-        max: usize,
-        draft: &mut Draft,
-    ) -> Result<(), Error>;
+    fn propose(&mut self, proposals: &mut [Proposal<'_>]) -> Result<(), Error>;
 }
 
-/// A smaller model with the target's tokenizer, sampled with the request's own parameters so
-/// that its proposals follow the same transforms as the target's choices.
+/// The sizes of a [`ModelDrafter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrafterConfig {
+    /// Positions one sequence may hold; capped at the model's trained context.
+    pub context: usize,
+    /// The most sequences one forward pass drafts for.
+    pub sequences: usize,
+    /// Blocks in the KV pool, shared by the sequences followed and its prefix cache.
+    pub kv_blocks: usize,
+    /// Positions per KV block.
+    pub block_tokens: usize,
+    /// The most tokens one forward pass takes: a longer catch-up is fed in chunks.
+    pub pass_tokens: usize,
+}
+
+impl DrafterConfig {
+    /// Room for one sequence of `context` positions: the drafter of a lone session.
+    pub fn one_sequence(context: usize) -> Self {
+        Self {
+            context,
+            sequences: 1,
+            kv_blocks: context.div_ceil(DEFAULT_BLOCK_TOKENS),
+            block_tokens: DEFAULT_BLOCK_TOKENS,
+            pass_tokens: SessionConfig::default().prefill_chunk,
+        }
+    }
+}
+
+/// A smaller model with the target's tokenizer, sampled with each sequence's own parameters
+/// so that its proposals follow the same transforms as the target's choices.
+///
+/// It follows many sequences in one pool of KV blocks, as the target's batch engine does, and
+/// drafts a position of every sequence of a call in one forward pass. Full blocks of the
+/// sequences' tokens (drafts never) go to a prefix cache, so a prompt another sequence shares
+/// is not fed again. When the pool runs out, the sequences least recently drafted for lose
+/// their blocks, and a sequence that still finds no room drafts nothing.
 pub struct ModelDrafter<B: Backend> {
-    session: Session<B>,
+    model: Arc<Model<B>>,
+    config: DrafterConfig,
+    layout: KvLayout,
+    kv: B::KvCache,
+    pool: BlockPool,
+    workspace: Workspace<B>,
+    batch: RaggedBatch,
+    followed: Vec<Followed>,
+    /// Counts the calls that feed the model; each followed sequence notes the last one it was
+    /// part of, which decides whose blocks go first.
+    calls: u64,
+    /// This pass's followed sequences, in row order, and the tokens each is fed.
+    rows: Vec<(usize, usize)>,
+    /// The logits rows of the last pass, on the host once read.
+    logits: Vec<f32>,
+    picks: Vec<u32>,
+}
+
+/// What the drafter holds for one sequence.
+struct Followed {
+    sequence: u64,
     sampler: Sampler,
+    /// The tokens its KV positions hold.
+    tokens: Vec<u32>,
+    blocks: SequenceBlocks,
+    last_call: u64,
+}
+
+/// A sequence as a drafter call sees it: its tokens, then its draft so far.
+#[derive(Clone, Copy)]
+struct Sequence<'a> {
+    followed: usize,
+    tokens: &'a [u32],
+    draft: &'a [u32],
+}
+
+impl Sequence<'_> {
+    fn len(&self) -> usize {
+        self.tokens.len() + self.draft.len()
+    }
+
+    fn token(&self, i: usize) -> u32 {
+        match i.checked_sub(self.tokens.len()) {
+            None => self.tokens[i],
+            Some(d) => self.draft[d],
+        }
+    }
+
+    /// How many leading tokens `held` shares with the sequence.
+    fn shared_with(&self, held: &[u32]) -> usize {
+        held.iter()
+            .zip(self.tokens.iter().chain(self.draft))
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
 }
 
 impl<B: Backend> std::fmt::Debug for ModelDrafter<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ModelDrafter")
-            .field("session", &self.session)
+            .field("config", &self.config)
+            .field("followed", &self.followed.len())
             .finish()
     }
+}
+
+/// Whether a sequence of `len` tokens leaves room in `context` positions to draft after them.
+fn fits(len: usize, context: usize) -> bool {
+    len > 0 && len < context
 }
 
 /// Mixed into the request's seed for the drafter's own random stream, so that the drafter's
@@ -167,28 +280,250 @@ impl<B: Backend> std::fmt::Debug for ModelDrafter<B> {
 const DRAFTER_SEED_SALT: u64 = 0x6472_6166_7465_7221;
 
 impl<B: Backend> ModelDrafter<B> {
-    /// A drafter running `model` with room for `context` positions.
+    /// A drafter running `model` for one sequence of up to `context` positions.
     pub fn new(model: Arc<Model<B>>, context: usize) -> Result<Self, Error> {
-        let session = Session::new(
-            model,
-            SessionConfig {
-                context,
-                ..SessionConfig::default()
-            },
-        )?;
+        Self::with_config(model, DrafterConfig::one_sequence(context))
+    }
+
+    /// A drafter running `model` with the sizes of `config`.
+    pub fn with_config(model: Arc<Model<B>>, config: DrafterConfig) -> Result<Self, Error> {
+        if config.context == 0
+            || config.sequences == 0
+            || config.kv_blocks == 0
+            || config.block_tokens == 0
+            || config.pass_tokens < config.sequences
+        {
+            return Err(Error::InvalidParameter {
+                name: "drafter",
+                why: format!("{config:?} has a zero size or passes too short for its sequences"),
+            });
+        }
+        let context = config.context.min(model.config().context_length);
+        let config = DrafterConfig { context, ..config };
+        let layout = model.kv_layout(config.kv_blocks, config.block_tokens);
+        let kv = model.backend().kv_cache(layout)?;
+        let workspace = model.workspace(BatchCapacity {
+            tokens: config.pass_tokens,
+            sequences: config.sequences,
+            blocks: config.sequences * context.div_ceil(config.block_tokens),
+            logits: config.sequences,
+        })?;
+        let vocab = model.config().vocab;
         Ok(Self {
-            session,
-            sampler: Sampler::new(SamplingParams::default()),
+            model,
+            config,
+            layout,
+            kv,
+            pool: BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
+            workspace,
+            batch: RaggedBatch::new(),
+            followed: Vec::new(),
+            calls: 0,
+            rows: Vec::with_capacity(config.sequences),
+            logits: vec![0.0; vocab * config.sequences],
+            picks: vec![0; config.sequences],
         })
     }
 
-    /// What `catch_up` brings the cache to: every token but the last, when there is room to
-    /// draft after them (the same condition as in `propose`).
-    fn followed<'a>(&self, input: &DraftInput<'a>) -> Option<&'a [u32]> {
-        let tokens = input.tokens;
-        let fits = !tokens.is_empty() && tokens.len() < self.session.config().context;
-        fits.then(|| &tokens[..tokens.len() - 1])
+    /// The effective configuration (context capped at the model's).
+    pub fn config(&self) -> DrafterConfig {
+        self.config
     }
+
+    /// KV blocks held by the sequences followed (cached blocks nobody holds count as free).
+    pub fn kv_blocks_used(&self) -> usize {
+        self.pool.blocks() - self.pool.free_blocks()
+    }
+
+    /// The index of `sequence` in `followed`, following it from now on if it was not.
+    fn follow_index(&mut self, sequence: u64) -> usize {
+        match self.followed.iter().position(|f| f.sequence == sequence) {
+            Some(i) => i,
+            None => {
+                self.followed.push(Followed {
+                    sequence,
+                    sampler: Sampler::new(SamplingParams::default()),
+                    tokens: Vec::new(),
+                    blocks: SequenceBlocks::new(),
+                    last_call: 0,
+                });
+                self.followed.len() - 1
+            }
+        }
+    }
+
+    /// Reserves room for `count` more positions of `followed[index]`, taking the blocks of
+    /// sequences outside this call, least recently drafted for first, while the pool is short;
+    /// `false` when even that leaves too little.
+    fn reserve(&mut self, index: usize, count: usize) -> bool {
+        loop {
+            if self.followed[index].blocks.reserve(&mut self.pool, count) {
+                return true;
+            }
+            let victim = self
+                .followed
+                .iter()
+                .enumerate()
+                .filter(|(i, f)| {
+                    *i != index && f.last_call < self.calls && !f.blocks.table().is_empty()
+                })
+                .min_by_key(|(_, f)| f.last_call)
+                .map(|(i, _)| i);
+            let Some(victim) = victim else {
+                return false;
+            };
+            let victim = &mut self.followed[victim];
+            victim.blocks.release(&mut self.pool);
+            victim.tokens.clear();
+        }
+    }
+
+    /// Brings each sequence's cache to hold its first `len() - 1` tokens, keeping the prefix
+    /// it shares with what the cache holds (or, past that, with the prefix cache), in passes
+    /// of at most `pass_tokens` tokens that keep no logits. A sequence the pool has no room
+    /// for is left out of `ready`.
+    fn catch_up_on(
+        &mut self,
+        sequences: &[Sequence<'_>],
+        ready: &mut Vec<bool>,
+    ) -> Result<(), Error> {
+        ready.clear();
+        for s in sequences {
+            let hold = s.len() - 1;
+            let f = &mut self.followed[s.followed];
+            f.last_call = self.calls;
+            let shared = s.shared_with(&f.tokens).min(hold);
+            if shared < f.blocks.final_len(&self.pool) {
+                f.blocks.release(&mut self.pool);
+            } else {
+                f.blocks.truncate(&mut self.pool, shared);
+            }
+            f.tokens.truncate(f.blocks.len());
+            if f.tokens.is_empty() {
+                // Only the sequence's own tokens were cached, never drafts.
+                let own = &s.tokens[..hold.min(s.tokens.len())];
+                let reused = f.blocks.share_cached_prefix(&mut self.pool, own);
+                f.tokens.extend_from_slice(&own[..reused]);
+            }
+            ready.push(true);
+        }
+        loop {
+            self.batch.clear();
+            self.rows.clear();
+            let mut room = self.config.pass_tokens;
+            for (i, s) in sequences.iter().enumerate() {
+                let behind = s.len() - 1 - self.followed[s.followed].tokens.len();
+                if !ready[i] || behind == 0 {
+                    continue;
+                }
+                if room == 0 || self.rows.len() == self.config.sequences {
+                    break;
+                }
+                let count = behind.min(room);
+                if !self.reserve(s.followed, count) {
+                    ready[i] = false;
+                    continue;
+                }
+                let f = &self.followed[s.followed];
+                let seq = self.batch.push_sequence(f.blocks.table());
+                let start = f.tokens.len();
+                for position in start..start + count {
+                    self.batch
+                        .push_token(seq, s.token(position), position as u32, false);
+                }
+                self.rows.push((i, count));
+                room -= count;
+            }
+            if self.rows.is_empty() {
+                break;
+            }
+            self.model
+                .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+            for &(i, count) in &self.rows {
+                let s = &sequences[i];
+                let f = &mut self.followed[s.followed];
+                let start = f.tokens.len();
+                f.blocks.advance(&self.pool, count);
+                f.tokens.extend((start..start + count).map(|p| s.token(p)));
+            }
+        }
+        for (s, _) in sequences.iter().zip(ready.iter()).filter(|(_, r)| **r) {
+            let f = &mut self.followed[s.followed];
+            if f.tokens.len() <= s.tokens.len() {
+                f.blocks.cache_full_blocks(&mut self.pool, &f.tokens);
+            }
+        }
+        Ok(())
+    }
+
+    /// One forward pass feeding each sequence its last token (its cache holds the rest) and
+    /// drawing the token after it into its proposal's draft; a sequence the pool has no room
+    /// for is marked `dropped`.
+    fn draft_pass(
+        &mut self,
+        feeds: &[Feed],
+        proposals: &mut [Proposal<'_>],
+        dropped: &mut [bool],
+    ) -> Result<(), Error> {
+        let mut next = 0;
+        while next < feeds.len() {
+            self.batch.clear();
+            self.rows.clear();
+            while next < feeds.len() && self.rows.len() < self.config.sequences {
+                let feed = &feeds[next];
+                next += 1;
+                if !self.reserve(feed.followed, 1) {
+                    dropped[feed.proposal] = true;
+                    continue;
+                }
+                let f = &self.followed[feed.followed];
+                let seq = self.batch.push_sequence(f.blocks.table());
+                self.batch
+                    .push_token(seq, feed.token, feed.position as u32, true);
+                self.rows.push((next - 1, 1));
+            }
+            if self.rows.is_empty() {
+                continue;
+            }
+            self.model
+                .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+            let rows = self.rows.len();
+            let greedy = |f: &Followed| f.sampler.params().is_plain_greedy();
+            let followed = |&(i, _): &(usize, usize)| &self.followed[feeds[i].followed];
+            let backend = self.model.backend();
+            if self.rows.iter().map(followed).any(greedy) {
+                backend.argmax_rows(self.workspace.logits(), &mut self.picks[..rows])?;
+            }
+            let vocab = self.model.config().vocab;
+            if !self.rows.iter().map(followed).all(greedy) {
+                let out = &mut self.logits[..rows * vocab];
+                backend.read_rows(self.workspace.logits(), rows, out)?;
+            }
+            for (row, &(i, _)) in self.rows.iter().enumerate() {
+                let feed = &feeds[i];
+                let f = &mut self.followed[feed.followed];
+                f.blocks.advance(&self.pool, 1);
+                f.tokens.push(feed.token);
+                let draft = &mut *proposals[feed.proposal].draft;
+                if greedy(f) {
+                    draft.push_certain(self.picks[row]);
+                } else {
+                    let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+                    let (token, from) = f.sampler.sample_with_distribution(logits, &f.tokens);
+                    draft.push_drawn(token, from);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A sequence's row in a drafting pass: its last token, fed at `position`.
+struct Feed {
+    followed: usize,
+    token: u32,
+    position: usize,
+    proposal: usize,
 }
 
 impl<B: Backend> Drafter for ModelDrafter<B> {
@@ -196,62 +531,108 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
         "model"
     }
 
-    /// Keeps the cache: the next proposal reuses whatever prefix the new sequence shares.
-    fn start(&mut self, params: &SamplingParams) -> Result<(), Error> {
+    fn start(&mut self, sequence: u64, params: &SamplingParams) -> Result<(), Error> {
         let seed = params.seed.map(|s| s ^ DRAFTER_SEED_SALT);
-        self.sampler = Sampler::new(SamplingParams {
+        let index = self.follow_index(sequence);
+        self.followed[index].sampler = Sampler::new(SamplingParams {
             seed,
             ..params.clone()
         });
         Ok(())
     }
 
-    fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
-        if let Some(tokens) = self.followed(input) {
-            self.session.follow(tokens)?;
-            // Nothing reads the catch-up's result: without the wait, a device would still be
-            // running it when `propose` starts, and its time would count as drafting.
-            self.session.model().backend().synchronize()?;
+    fn finish(&mut self, sequence: u64) {
+        if let Some(i) = self.followed.iter().position(|f| f.sequence == sequence) {
+            let mut gone = self.followed.swap_remove(i);
+            gone.blocks.release(&mut self.pool);
         }
+    }
+
+    fn catch_up(&mut self, inputs: &[DraftInput<'_>]) -> Result<(), Error> {
+        self.calls += 1;
+        let context = self.config.context;
+        let sequences: Vec<Sequence<'_>> = inputs
+            .iter()
+            .filter(|input| fits(input.tokens.len(), context))
+            .map(|input| Sequence {
+                followed: self.follow_index(input.sequence),
+                tokens: input.tokens,
+                draft: &[],
+            })
+            .collect();
+        self.catch_up_on(&sequences, &mut Vec::new())?;
+        // Nothing reads the catch-up's result: without the wait, a device would still be
+        // running it when `propose` starts, and its time would count as drafting.
+        self.model.backend().synchronize()?;
         Ok(())
     }
 
     fn unseen(&self, input: &DraftInput<'_>) -> usize {
-        self.followed(input)
-            .map_or(0, |tokens| self.session.unshared(tokens))
+        if !fits(input.tokens.len(), self.config.context) {
+            return 0;
+        }
+        let behind = input.tokens.len() - 1;
+        match self.followed.iter().find(|f| f.sequence == input.sequence) {
+            Some(f) => {
+                let sequence = Sequence {
+                    followed: 0,
+                    tokens: input.tokens,
+                    draft: &[],
+                };
+                behind - sequence.shared_with(&f.tokens).min(behind)
+            }
+            None => behind,
+        }
     }
 
-    /// Feeds the last token (and, when `catch_up` was skipped, whatever else is new), then
-    /// one pass per further drafted token: `max` passes in a round that follows a catch-up.
-    fn propose(
-        &mut self,
-        input: &DraftInput<'_>,
-        max: usize,
-        draft: &mut Draft,
-    ) -> Result<(), Error> {
-        let context = input.tokens;
-        let room = self.session.config().context.saturating_sub(context.len());
-        let max = max.min(room);
-        if max == 0 || context.is_empty() {
-            return Ok(());
-        }
-        self.session.feed_reusing(context)?;
-        let plain_greedy = self.sampler.params().is_plain_greedy();
-        for i in 0..max {
-            if plain_greedy {
-                let token = self.session.sample(&mut self.sampler)?;
-                draft.push_certain(token);
-            } else {
-                // After feed_reusing or feed, the pass kept one row: the last token's.
-                let (row, history) = self.session.read_logits()?;
-                let (token, from) = self.sampler.sample_with_distribution(row, history);
-                draft.push_drawn(token, from);
+    /// Catches up what is new (normally nothing, or a round's last token when `catch_up` was
+    /// skipped), then one pass per further drafted position, for all the proposals at once.
+    fn propose(&mut self, proposals: &mut [Proposal<'_>]) -> Result<(), Error> {
+        self.calls += 1;
+        let context = self.config.context;
+        let first: Vec<usize> = proposals.iter().map(|p| p.draft.len()).collect();
+        let followed: Vec<usize> = proposals
+            .iter()
+            .map(|p| self.follow_index(p.input.sequence))
+            .collect();
+        let mut dropped = vec![false; proposals.len()];
+        let mut ready = Vec::with_capacity(proposals.len());
+        let mut feeds = Vec::with_capacity(proposals.len());
+        loop {
+            let drafting: Vec<usize> = (0..proposals.len())
+                .filter(|&i| {
+                    let p = &proposals[i];
+                    let len = p.input.tokens.len() + p.draft.len();
+                    !dropped[i] && p.draft.len() - first[i] < p.max && fits(len, context)
+                })
+                .collect();
+            if drafting.is_empty() {
+                return Ok(());
             }
-            if i + 1 < max {
-                self.session.feed(&draft.tokens()[i..=i])?;
+            let sequences: Vec<Sequence<'_>> = drafting
+                .iter()
+                .map(|&i| Sequence {
+                    followed: followed[i],
+                    tokens: proposals[i].input.tokens,
+                    draft: proposals[i].draft.tokens(),
+                })
+                .collect();
+            self.catch_up_on(&sequences, &mut ready)?;
+            feeds.clear();
+            for ((s, &i), &caught_up) in sequences.iter().zip(&drafting).zip(&ready) {
+                dropped[i] |= !caught_up;
+                if caught_up {
+                    feeds.push(Feed {
+                        followed: s.followed,
+                        token: s.token(s.len() - 1),
+                        position: s.len() - 1,
+                        proposal: i,
+                    });
+                }
             }
+            drop(sequences);
+            self.draft_pass(&feeds, proposals, &mut dropped)?;
         }
-        Ok(())
     }
 }
 
@@ -262,6 +643,8 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
 pub struct NgramDrafter {
     longest: usize,
     shortest: usize,
+    /// A sequence followed by its draft so far, when a call continues one.
+    scratch: Vec<u32>,
 }
 
 impl NgramDrafter {
@@ -273,42 +656,17 @@ impl NgramDrafter {
                 why: format!("sizes {shortest}..={longest} are not a range of lengths >= 1"),
             });
         }
-        Ok(Self { longest, shortest })
-    }
-}
-
-impl Default for NgramDrafter {
-    /// Suffixes of 2 to 4 tokens: a single token repeats too often by chance to predict much.
-    fn default() -> Self {
-        Self {
-            longest: 4,
-            shortest: 2,
-        }
-    }
-}
-
-impl Drafter for NgramDrafter {
-    fn kind(&self) -> &'static str {
-        "ngram"
+        Ok(Self {
+            longest,
+            shortest,
+            scratch: Vec::new(),
+        })
     }
 
-    fn start(&mut self, _: &SamplingParams) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn is_stateless(&self) -> bool {
-        true
-    }
-
-    fn propose(
-        &mut self,
-        input: &DraftInput<'_>,
-        max: usize,
-        draft: &mut Draft,
-    ) -> Result<(), Error> {
-        let tokens = input.tokens;
+    /// Proposes up to `max` tokens to follow `tokens` into `draft`.
+    fn look_up(&self, tokens: &[u32], max: usize, draft: &mut Draft) {
         if max == 0 {
-            return Ok(());
+            return;
         }
         for n in (self.shortest..=self.longest.min(tokens.len().saturating_sub(1))).rev() {
             let suffix = &tokens[tokens.len() - n..];
@@ -321,7 +679,43 @@ impl Drafter for NgramDrafter {
                 for &t in tokens[start + n..].iter().take(max) {
                     draft.push_certain(t);
                 }
-                return Ok(());
+                return;
+            }
+        }
+    }
+}
+
+impl Default for NgramDrafter {
+    /// Suffixes of 2 to 4 tokens: a single token repeats too often by chance to predict much.
+    fn default() -> Self {
+        Self::new(2, 4).expect("a range of lengths")
+    }
+}
+
+impl Drafter for NgramDrafter {
+    fn kind(&self) -> &'static str {
+        "ngram"
+    }
+
+    fn start(&mut self, _: u64, _: &SamplingParams) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn is_stateless(&self) -> bool {
+        true
+    }
+
+    fn propose(&mut self, proposals: &mut [Proposal<'_>]) -> Result<(), Error> {
+        for p in proposals {
+            if p.draft.is_empty() {
+                self.look_up(p.input.tokens, p.max, p.draft);
+            } else {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.clear();
+                scratch.extend_from_slice(p.input.tokens);
+                scratch.extend_from_slice(p.draft.tokens());
+                self.look_up(&scratch, p.max, p.draft);
+                self.scratch = scratch;
             }
         }
         Ok(())
@@ -334,9 +728,12 @@ mod tests {
 
     fn ngram(tokens: &[u32], max: usize) -> Vec<u32> {
         let mut draft = Draft::default();
-        NgramDrafter::default()
-            .propose(&DraftInput::new(tokens), max, &mut draft)
-            .unwrap();
+        let proposal = Proposal {
+            input: DraftInput::new(0, tokens),
+            max,
+            draft: &mut draft,
+        };
+        NgramDrafter::default().propose(&mut [proposal]).unwrap();
         draft.tokens().to_vec()
     }
 
@@ -348,6 +745,21 @@ mod tests {
         assert_eq!(ngram(&[1, 2, 3, 9, 9, 2, 3, 6, 1, 2, 3], 2), [9, 9]);
         // A continuation may run into the suffix itself.
         assert_eq!(ngram(&[5, 6, 5, 6], 4), [5, 6]);
+    }
+
+    #[test]
+    fn ngram_continues_a_draft_from_the_sequence_and_the_draft_together() {
+        let tokens = [5, 6, 7, 8, 9, 5];
+        let mut draft = Draft::default();
+        draft.push_certain(6);
+        let proposal = Proposal {
+            input: DraftInput::new(0, &tokens),
+            max: 2,
+            draft: &mut draft,
+        };
+        NgramDrafter::default().propose(&mut [proposal]).unwrap();
+        // "5 6" matches at the start: 7 and 8 follow the draft's 6.
+        assert_eq!(draft.tokens(), [6, 7, 8]);
     }
 
     #[test]

@@ -21,16 +21,19 @@
 //!
 //! # Adding a drafter
 //!
-//! Implement [`Drafter`]: `propose` gets the sequence and fills a [`Draft`] with tokens and the
-//! distribution each was drawn from ([`Draft::push_certain`] for a deterministic guess); a
-//! drafter with a cache brings it up to date in `catch_up`, and says in `unseen` how many tokens
-//! that will feed, so the draft-length control can weigh a catch-up before paying it. A block
-//! drafter in the style of DFlash, which proposes a whole block in one forward pass conditioned
-//! on the target's hidden states, fits the same call: the states become a field of
-//! [`DraftInput`], filled from the verify pass (the target's forward pass would keep the rows of
-//! the layers the drafter names), and the drafter fills the draft from its single pass. Nothing
-//! else in the engine changes: verification, rollback and the draft-length control only ever
-//! see tokens and distributions.
+//! Implement [`Drafter`]: `propose` gets one or more sequences, each with the most tokens it may
+//! add, and fills each one's [`Draft`] with tokens and the distribution each was drawn from
+//! ([`Draft::push_certain`] for a deterministic guess). Sequences are known by the key given
+//! to `start` and released by `finish`; a drafter with a cache brings it up to date in
+//! `catch_up`, and says in `unseen` how many tokens that will feed, so the draft-length control
+//! can weigh a catch-up before paying it. A call with many sequences is a batch's: a model
+//! drafter drafts a position of all of them in one forward pass. A block drafter in the style
+//! of DFlash, which proposes a whole block in one forward pass conditioned on the target's
+//! hidden states, fits the same call: the states become a field of [`DraftInput`], filled from
+//! the verify pass (the target's forward pass would keep the rows of the layers the drafter
+//! names), and the drafter fills each draft from its single pass. Nothing else in the engine
+//! changes: verification, rollback and the draft-length control only ever see tokens and
+//! distributions.
 
 mod adaptive;
 mod batch;
@@ -45,8 +48,10 @@ use lucebox_backend::Backend;
 use lucebox_model::Model;
 
 pub use adaptive::{CatchUp, DraftLength, MAX_DRAFT, PairCosts, Plan, Rivals};
-pub(crate) use batch::{Offer, Pass, allot};
-pub use drafter::{Draft, DraftInput, Drafter, ModelDrafter, NgramDrafter};
+pub(crate) use batch::{DraftPrice, Offer, Pass, allot};
+pub use drafter::{
+    Draft, DraftInput, Drafter, DrafterConfig, ModelDrafter, NgramDrafter, Proposal,
+};
 pub use stats::SpecStats;
 
 use crate::session::TokenSink;
@@ -69,6 +74,9 @@ impl DraftPolicy {
         }
     }
 }
+
+/// The sequence a [`Speculator`] drafts for, to its drafter: one at a time, always this one.
+const SPECULATOR_SEQUENCE: u64 = 0;
 
 /// A target model's session with a drafter.
 pub struct Speculator<B: Backend> {
@@ -187,7 +195,7 @@ impl<B: Backend> Speculator<B> {
         if max_tokens == 0 {
             return Ok((out.finish(), spec));
         }
-        self.drafter.start(sampler.params())?;
+        self.drafter.start(SPECULATOR_SEQUENCE, sampler.params())?;
         let reused = self.target.feed_reusing(prompt)?;
         let mut pending = if self.host_sampling {
             self.target.sample_on_host(sampler)?
@@ -195,7 +203,7 @@ impl<B: Backend> Speculator<B> {
             self.target.sample(sampler)?
         };
         out.prefill_done(reused);
-        let mut drafting = SequenceDrafting::new(self.policy, &self.costs);
+        let mut drafting = SequenceDrafting::new(SPECULATOR_SEQUENCE, self.policy, &self.costs);
         if !out.push(pending) {
             return Ok((out.finish(), spec));
         }
@@ -239,7 +247,7 @@ impl<B: Backend> Speculator<B> {
         sampler: &mut Sampler,
     ) -> Result<Round, Error> {
         let recorded = self.target.model().backend().passes_recorded();
-        let view = &self.sequence[plan.view_from..];
+        let view = DraftInput::new(SPECULATOR_SEQUENCE, &self.sequence[plan.view_from..]);
         let timing = run_drafter(&mut *self.drafter, view, plan.unseen, k, &mut self.draft)?;
 
         let verify_started = Instant::now();
@@ -271,10 +279,12 @@ impl<B: Backend> Speculator<B> {
     }
 }
 
-/// One sequence's side of speculation: its draft-length control, and where the drafter's view
-/// of the sequence starts (past 0 once the drafter was restarted on the last tokens only).
+/// One sequence's side of speculation: its key to the drafter, its draft-length control, and
+/// where the drafter's view of the sequence starts (past 0 once the drafter was restarted on
+/// the last tokens only).
 #[derive(Clone, Debug)]
 pub(crate) struct SequenceDrafting {
+    sequence: u64,
     pub control: DraftLength,
     view_from: usize,
 }
@@ -291,12 +301,19 @@ pub(crate) struct RoundPlan {
 }
 
 impl SequenceDrafting {
-    /// A new sequence, speculating with `policy` on a pair that measured `costs` so far.
-    pub(crate) fn new(policy: DraftPolicy, costs: &PairCosts) -> Self {
+    /// A new sequence, known to the drafter as `sequence`, speculating with `policy` on a
+    /// pair that measured `costs` so far.
+    pub(crate) fn new(sequence: u64, policy: DraftPolicy, costs: &PairCosts) -> Self {
         Self {
+            sequence,
             control: DraftLength::new(policy.longest(), costs),
             view_from: 0,
         }
+    }
+
+    /// What the drafter sees of `tokens`, the sequence and its pending token.
+    pub(crate) fn view<'a>(&self, tokens: &'a [u32]) -> DraftInput<'a> {
+        DraftInput::new(self.sequence, &tokens[self.view_from.min(tokens.len())..])
     }
 
     /// Plans the next round for `tokens` (the sequence and its pending token), which may grow
@@ -309,7 +326,8 @@ impl SequenceDrafting {
         tokens: &[u32],
         remaining: usize,
     ) -> RoundPlan {
-        let unseen_from = |from: usize| drafter.unseen(&DraftInput::new(&tokens[from..]));
+        let sequence = self.sequence;
+        let unseen_from = |from: usize| drafter.unseen(&DraftInput::new(sequence, &tokens[from..]));
         let unseen = unseen_from(self.view_from);
         let plan = match policy {
             DraftPolicy::Fixed(k) => Plan::draft(k),
@@ -339,14 +357,18 @@ pub(crate) struct DraftTiming {
     pub catch_up: Duration,
     /// [`Drafter::propose`]: the steady cost of drafting.
     pub propose: Duration,
+    /// Whether the drafting was shared with other sequences, in drafter passes that each
+    /// drafted a position for all of them: its times are this sequence's share, and the
+    /// passes are priced by the caller.
+    pub shared: bool,
 }
 
-/// Has `drafter`, `unseen` tokens behind `tokens` ([`Drafter::unseen`]), propose up to `k`
-/// tokens to follow them into `draft` (emptied first; left empty when `k` is 0), timing its
+/// Has `drafter`, `unseen` tokens behind `input` ([`Drafter::unseen`]), propose up to `k`
+/// tokens to follow it into `draft` (emptied first; left empty when `k` is 0), timing its
 /// catch-up and its proposal apart.
 pub(crate) fn run_drafter(
     drafter: &mut dyn Drafter,
-    tokens: &[u32],
+    input: DraftInput<'_>,
     unseen: usize,
     k: usize,
     draft: &mut Draft,
@@ -355,16 +377,21 @@ pub(crate) fn run_drafter(
     if k == 0 {
         return Ok(DraftTiming::default());
     }
-    let input = DraftInput::new(tokens);
     let started = Instant::now();
-    drafter.catch_up(&input)?;
+    drafter.catch_up(&[input])?;
     let caught_up = Instant::now();
-    drafter.propose(&input, k, draft)?;
+    let proposal = Proposal {
+        input,
+        max: k,
+        draft: &mut *draft,
+    };
+    drafter.propose(&mut [proposal])?;
     draft.truncate(k);
     Ok(DraftTiming {
         caught_up: unseen,
         catch_up: caught_up - started,
         propose: caught_up.elapsed(),
+        shared: false,
     })
 }
 
@@ -491,8 +518,8 @@ impl Round {
         spec.record_round(self.drafted, self.accepted);
         spec.draft_time += self.drafting.catch_up + self.drafting.propose;
         spec.verify_time += self.verify_time;
-        if !self.recorded_a_pass {
-            let d = &self.drafting;
+        let d = &self.drafting;
+        if !self.recorded_a_pass && !d.shared {
             costs.observe_drafting(d.caught_up, d.catch_up, self.drafted, d.propose);
         }
         // A drafter with nothing to propose (n-gram lookup without a match) made a plain step
@@ -575,6 +602,7 @@ mod tests {
                 caught_up,
                 catch_up: Duration::from_millis(catch_up),
                 propose: Duration::from_millis(propose),
+                shared: false,
             },
             verify_time: Duration::from_millis(12),
             recorded_a_pass: false,
@@ -643,7 +671,7 @@ mod tests {
             "following"
         }
 
-        fn start(&mut self, _: &crate::SamplingParams) -> Result<(), Error> {
+        fn start(&mut self, _: u64, _: &crate::SamplingParams) -> Result<(), Error> {
             Ok(())
         }
 
@@ -653,18 +681,17 @@ mod tests {
             followed.len() - shared.count()
         }
 
-        fn catch_up(&mut self, input: &DraftInput<'_>) -> Result<(), Error> {
-            self.held = input.tokens[..input.tokens.len() - 1].to_vec();
+        fn catch_up(&mut self, inputs: &[DraftInput<'_>]) -> Result<(), Error> {
+            for input in inputs {
+                self.held = input.tokens[..input.tokens.len() - 1].to_vec();
+            }
             Ok(())
         }
 
-        fn propose(
-            &mut self,
-            _: &DraftInput<'_>,
-            max: usize,
-            draft: &mut Draft,
-        ) -> Result<(), Error> {
-            (0..max).for_each(|_| draft.push_certain(0));
+        fn propose(&mut self, proposals: &mut [Proposal<'_>]) -> Result<(), Error> {
+            for p in proposals {
+                (0..p.max).for_each(|_| p.draft.push_certain(0));
+            }
             Ok(())
         }
     }
@@ -681,6 +708,7 @@ mod tests {
             &mut costs,
         );
         let mut drafting = SequenceDrafting {
+            sequence: 0,
             control,
             view_from: 0,
         };
@@ -693,7 +721,7 @@ mod tests {
         assert!((160..=165).contains(&plan.view_from), "{plan:?}");
         assert_eq!(plan.unseen, tokens.len() - 1 - plan.view_from);
         let mut draft = Draft::default();
-        let view = &tokens[plan.view_from..];
+        let view = drafting.view(&tokens);
         run_drafter(&mut drafter, view, plan.unseen, 4, &mut draft).unwrap();
         // Three more tokens: the drafter follows from where it restarted.
         tokens.extend([7, 8, 9]);
