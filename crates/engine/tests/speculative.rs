@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use lucebox_backend::{ActivationPrecision, CpuBackend};
 use lucebox_engine::speculative::{
-    DraftPolicy, Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+    Draft, DraftInput, DraftPolicy, Drafter, DrafterConfig, ModelDrafter, NgramDrafter, Proposal,
+    SpecStats, Speculator,
 };
-use lucebox_engine::{Generator, Sampler, SamplingParams, Session, SessionConfig};
+use lucebox_engine::{Generator, Rng, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_gguf::{GgufFile, GgufWriter, Value};
 use lucebox_model::Model;
 
@@ -374,4 +375,80 @@ fn after_rejections_the_target_cache_equals_a_fresh_run() {
             .all(|(a, b)| a.to_bits() == b.to_bits()),
         "logits after rejections differ from a fresh run over the same tokens"
     );
+}
+
+/// A model drafter proposes, greedily, exactly its model's own continuation, for several
+/// sequences at once and after any change to them: drafts rejected, tokens appended, a prompt
+/// shared with another sequence, positions drafted one call at a time.
+#[test]
+#[ignore = "needs fetched models; run by tests/run-all"]
+fn a_model_drafter_proposes_its_model_s_own_greedy_continuation() {
+    let (_, model) = common::load(SMALL);
+    let vocab = model.config().vocab;
+    let greedy = SamplingParams::default();
+    let mut session = Session::new(Arc::clone(&model), config()).unwrap();
+    let mut continuation = |tokens: &[u32], n: usize| {
+        session.reset();
+        generate(&mut session, tokens, &greedy, n).0
+    };
+    let drafter_config = DrafterConfig {
+        context: 512,
+        sequences: 3,
+        kv_blocks: 96,
+        block_tokens: 16,
+        pass_tokens: 64,
+    };
+    let mut drafter = ModelDrafter::with_config(Arc::clone(&model), drafter_config).unwrap();
+    let mut rng = Rng::seeded(11);
+    let shared = common::random_tokens(&mut rng, 40, vocab);
+    let mut sequences: Vec<Vec<u32>> = [7, 13, 90]
+        .into_iter()
+        .enumerate()
+        .map(|(s, len)| {
+            let own = common::random_tokens(&mut rng, len, vocab);
+            if s < 2 {
+                [shared.clone(), own].concat()
+            } else {
+                own
+            }
+        })
+        .collect();
+    for s in 0..3 {
+        drafter.start(s as u64, &greedy).unwrap();
+    }
+    for round in 0..6 {
+        let mut drafts: Vec<Draft> = (0..3).map(|_| Draft::default()).collect();
+        let inputs: Vec<DraftInput<'_>> = sequences
+            .iter()
+            .enumerate()
+            .map(|(s, tokens)| DraftInput::new(s as u64, tokens))
+            .collect();
+        // Odd rounds skip the catch-up (the proposal catches up itself) and draft one position
+        // a call, as a batch does.
+        let calls = if round % 2 == 0 {
+            drafter.catch_up(&inputs).unwrap();
+            vec![4]
+        } else {
+            vec![1; 4]
+        };
+        for max in calls {
+            let mut proposals: Vec<Proposal<'_>> = inputs
+                .iter()
+                .zip(&mut drafts)
+                .map(|(&input, draft)| Proposal { input, max, draft })
+                .collect();
+            drafter.propose(&mut proposals).unwrap();
+        }
+        for (s, (tokens, draft)) in sequences.iter_mut().zip(&drafts).enumerate() {
+            assert_eq!(
+                draft.tokens(),
+                continuation(tokens, 4),
+                "round {round}, sequence {s}"
+            );
+            // The target keeps some of the draft, then a token of its own.
+            let kept = (round + s) % 5;
+            tokens.extend_from_slice(&draft.tokens()[..kept.min(draft.len())]);
+            tokens.push(common::random_tokens(&mut rng, 1, vocab)[0]);
+        }
+    }
 }

@@ -215,7 +215,8 @@ pub struct ModelDrafter<B: Backend> {
     /// Counts the calls that feed the model; each followed sequence notes the last one it was
     /// part of, which decides whose blocks go first.
     calls: u64,
-    /// This pass's followed sequences, in row order, and the tokens each is fed.
+    /// This pass's sequences, in batch order: their index in the call and the tokens each is
+    /// fed.
     rows: Vec<(usize, usize)>,
     /// The logits rows of the last pass, on the host once read.
     logits: Vec<f32>,
@@ -254,11 +255,31 @@ impl Sequence<'_> {
 
     /// How many leading tokens `held` shares with the sequence.
     fn shared_with(&self, held: &[u32]) -> usize {
-        held.iter()
-            .zip(self.tokens.iter().chain(self.draft))
-            .take_while(|(a, b)| a == b)
-            .count()
+        let in_tokens = common_prefix(held, self.tokens);
+        if in_tokens < self.tokens.len() {
+            return in_tokens;
+        }
+        in_tokens + common_prefix(&held[in_tokens..], self.draft)
     }
+}
+
+/// How many leading elements `a` and `b` share. Every step asks this of each sequence's whole
+/// history, so whole chunks are compared first, as slices (a `memcmp`).
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    const CHUNK: usize = 64;
+    let len = a.len().min(b.len());
+    let equal_chunks = a[..len]
+        .chunks(CHUNK)
+        .zip(b[..len].chunks(CHUNK))
+        .take_while(|(x, y)| x == y)
+        .count();
+    let start = (equal_chunks * CHUNK).min(len);
+    start
+        + a[start..len]
+            .iter()
+            .zip(&b[start..len])
+            .take_while(|(x, y)| x == y)
+            .count()
 }
 
 impl<B: Backend> std::fmt::Debug for ModelDrafter<B> {
@@ -323,16 +344,6 @@ impl<B: Backend> ModelDrafter<B> {
             logits: vec![0.0; vocab * config.sequences],
             picks: vec![0; config.sequences],
         })
-    }
-
-    /// The effective configuration (context capped at the model's).
-    pub fn config(&self) -> DrafterConfig {
-        self.config
-    }
-
-    /// KV blocks held by the sequences followed (cached blocks nobody holds count as free).
-    pub fn kv_blocks_used(&self) -> usize {
-        self.pool.blocks() - self.pool.free_blocks()
     }
 
     /// The index of `sequence` in `followed`, following it from now on if it was not.
@@ -760,6 +771,27 @@ mod tests {
         NgramDrafter::default().propose(&mut [proposal]).unwrap();
         // "5 6" matches at the start: 7 and 8 follow the draft's 6.
         assert_eq!(draft.tokens(), [6, 7, 8]);
+    }
+
+    #[test]
+    fn the_common_prefix_is_found_across_chunks() {
+        let a: Vec<u32> = (0..200).collect();
+        for cut in [0, 1, 63, 64, 65, 128, 199] {
+            let mut b = a.clone();
+            b[cut] = 1000;
+            assert_eq!(common_prefix(&a, &b), cut);
+            assert_eq!(common_prefix(&a[..cut], &b), cut);
+        }
+        assert_eq!(common_prefix(&a, &a[..130]), 130);
+        assert_eq!(common_prefix(&[], &a), 0);
+        let sequence = Sequence {
+            followed: 0,
+            tokens: &a[..100],
+            draft: &a[100..110],
+        };
+        assert_eq!(sequence.shared_with(&a), 110);
+        assert_eq!(sequence.shared_with(&a[..104]), 104);
+        assert_eq!(sequence.shared_with(&[0, 1, 7]), 2);
     }
 
     #[test]
