@@ -109,7 +109,8 @@ pub struct EngineDefaults {
     pub max_sequences: usize,
     /// Tokens per forward pass.
     pub step_tokens: usize,
-    /// Memory for the KV cache, in MiB.
+    /// Memory for the KV cache, in MiB: the target's pool and a drafter model's, which
+    /// hold as many positions each.
     pub kv_cache_mib: u64,
     /// The longest draft per speculative round.
     pub draft_tokens: usize,

@@ -55,14 +55,18 @@ pub struct BatchConfig {
 }
 
 impl BatchConfig {
-    /// Blocks of `block_tokens` positions that fit in `bytes` of KV cache for `model`.
+    /// Blocks of `block_tokens` positions that fit in `bytes` of KV cache when each of
+    /// `models` (a target, and its drafter model if any) keeps a pool of that many blocks.
     pub fn kv_blocks_within<B: Backend>(
-        model: &Model<B>,
+        models: &[&Model<B>],
         bytes: u64,
         block_tokens: usize,
     ) -> usize {
-        let one = model.kv_layout(1, block_tokens).bytes().max(1);
-        usize::try_from(bytes / one).unwrap_or(usize::MAX)
+        let one: u64 = models
+            .iter()
+            .map(|model| model.kv_layout(1, block_tokens).bytes())
+            .sum();
+        usize::try_from(bytes / one.max(1)).unwrap_or(usize::MAX)
     }
 }
 

@@ -13,6 +13,7 @@ use lucebox_engine::speculative::{
     DraftPolicy, Drafter, DrafterConfig, ModelDrafter, NgramDrafter,
 };
 use lucebox_engine::{BatchConfig, Batcher, DEFAULT_BLOCK_TOKENS};
+use lucebox_model::Model;
 use lucebox_server::{Engine, Server, ServerConfig};
 use lucebox_tokenizer::{ChatTemplate, Tokenizer};
 use serde::Deserialize;
@@ -55,8 +56,8 @@ pub struct ServeArgs {
     /// [default: profile].
     #[arg(long)]
     step_tokens: Option<usize>,
-    /// Memory for the KV cache, shared by all requests and the prefix cache, in MiB
-    /// [default: profile].
+    /// Memory for the KV cache, shared by all requests and the prefix cache (and, with a
+    /// drafter model, by its pool of as many positions), in MiB [default: profile].
     #[arg(long, value_name = "MIB")]
     kv_cache_mib: Option<u64>,
     /// Compute threads of the CPU backend [default: all cores].
@@ -416,42 +417,53 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
         .catalogue_name
         .clone()
         .unwrap_or_else(|| target.label.clone());
+    let drafter_model = match settings.draft.as_deref() {
+        None | Some("ngram") => None,
+        Some(draft) => {
+            lucebox_server::notify::status(&format!("loading and checking the drafter {draft}"));
+            Some(load_drafter(draft, &target)?)
+        }
+    };
+    // The target's pool and the drafter model's, as many positions each, share the budget.
     let block_tokens = DEFAULT_BLOCK_TOKENS;
+    let pools: Vec<&Model<B>> = std::iter::once(&*target.model)
+        .chain(drafter_model.as_ref().map(|d| &*d.model))
+        .collect();
     let kv_blocks =
-        BatchConfig::kv_blocks_within(&target.model, settings.kv_cache_mib << 20, block_tokens);
+        BatchConfig::kv_blocks_within(&pools, settings.kv_cache_mib << 20, block_tokens);
     if kv_blocks * block_tokens < settings.context {
+        let of = if drafter_model.is_some() {
+            "this model and its drafter"
+        } else {
+            "this model"
+        };
         bail!(
-            "--kv-cache-mib {} holds {} positions of this model, fewer than --context {}",
+            "--kv-cache-mib {} holds {} positions of {of}, fewer than --context {}",
             settings.kv_cache_mib,
             kv_blocks * block_tokens,
             settings.context
         );
     }
-    let (drafter, drafter_name): (Option<Box<dyn Drafter + Send>>, String) = match settings
-        .draft
-        .as_deref()
-    {
-        None => (None, "none".into()),
-        Some("ngram") => (Some(Box::<NgramDrafter>::default()), "ngram".into()),
-        Some(draft) => {
-            lucebox_server::notify::status(&format!("loading and checking the drafter {draft}"));
-            let drafter = load_drafter(draft, &target)?;
-            let name = drafter
-                .catalogue_name
-                .clone()
-                .unwrap_or_else(|| drafter.label.clone());
-            // As many positions as the target's pool: the drafter follows the same sequences.
-            let config = DrafterConfig {
-                context: settings.context,
-                sequences: settings.max_sequences,
-                kv_blocks,
-                block_tokens,
-                pass_tokens: settings.step_tokens,
-            };
-            let model_drafter = ModelDrafter::with_config(drafter.model, config)?;
-            (Some(Box::new(model_drafter)), name)
-        }
-    };
+    let (drafter, drafter_name): (Option<Box<dyn Drafter + Send>>, String) =
+        match (drafter_model, settings.draft.as_deref()) {
+            (Some(drafter), _) => {
+                let name = drafter
+                    .catalogue_name
+                    .clone()
+                    .unwrap_or_else(|| drafter.label.clone());
+                let config = DrafterConfig {
+                    context: settings.context,
+                    sequences: settings.max_sequences,
+                    kv_blocks,
+                    block_tokens,
+                    pass_tokens: settings.step_tokens,
+                };
+                let model_drafter = ModelDrafter::with_config(drafter.model, config)?;
+                (Some(Box::new(model_drafter)), name)
+            }
+            (None, Some("ngram")) => (Some(Box::<NgramDrafter>::default()), "ngram".into()),
+            (None, _) => (None, "none".into()),
+        };
     let config = BatchConfig {
         context: settings.context,
         kv_blocks,
