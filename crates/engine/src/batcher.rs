@@ -252,6 +252,9 @@ pub struct Batcher<B: Backend> {
     is_end: Box<dyn Fn(u32) -> bool + Send>,
     speculation: Option<Speculation>,
     preemptions: u64,
+    /// Whether a forward pass has run: the first one faults the weights in (a server's
+    /// self-test: two seconds for the 1.5B on the CPU) and says nothing of the others.
+    warm: bool,
 }
 
 impl<B: Backend> std::fmt::Debug for Batcher<B> {
@@ -339,6 +342,7 @@ impl<B: Backend> Batcher<B> {
                 rivals: Rivals::None,
             }),
             preemptions: 0,
+            warm: false,
         })
     }
 
@@ -979,6 +983,7 @@ where
         self.forward()?;
         if let Some(spec) = &mut self.speculation
             && self.model.backend().passes_recorded() == before_pass
+            && std::mem::replace(&mut self.warm, true)
         {
             spec.costs.observe_pass(self.batch.len(), started.elapsed());
         }

@@ -152,6 +152,10 @@ pub struct PairCosts {
 struct PassTimes(Vec<Average>);
 
 impl PassTimes {
+    /// Records a pass of `tokens` tokens. A pass never costs less for more tokens, so it also
+    /// caps the estimates of shorter ones: a stalled plain step would otherwise stand as the
+    /// plain step's cost, while speculation, convinced by it, takes no plain step to correct
+    /// it.
     fn observe(&mut self, tokens: usize, time: Duration) {
         if tokens == 0 {
             return;
@@ -159,7 +163,13 @@ impl PassTimes {
         if self.0.len() <= tokens {
             self.0.resize(tokens + 1, Average::default());
         }
-        self.0[tokens].observe(time.as_secs_f64());
+        let seconds = time.as_secs_f64();
+        self.0[tokens].observe(seconds);
+        for shorter in &mut self.0[1..tokens] {
+            if let Some(estimate) = &mut shorter.0 {
+                *estimate = estimate.min(seconds);
+            }
+        }
     }
 
     fn measured(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
@@ -727,6 +737,17 @@ mod tests {
             text.choose(&costs, 0, 100).draft > PROBE_DRAFT,
             "one good probe turns it on"
         );
+    }
+
+    #[test]
+    fn a_pass_caps_the_cost_of_shorter_ones() {
+        let mut costs = PairCosts::default();
+        costs.observe_pass(1, ms(2000.0));
+        costs.observe_pass(4, ms(60.0));
+        assert_eq!(costs.pass_seconds(1), 0.060);
+        costs.observe_pass(1, ms(40.0));
+        assert!((costs.pass_seconds(1) - 0.057).abs() < 1e-9);
+        assert_eq!(costs.pass_seconds(4), 0.060, "longer passes are left alone");
     }
 
     #[test]
