@@ -366,63 +366,81 @@ fn a_lone_sequence_speculates_and_its_output_does_not_change() {
     assert!(spec.drafted_tokens() > 0, "nothing was drafted: {spec:?}");
 }
 
+/// Four requests of 40 tokens for `prompts`, greedy but the last, sampled with `seed`.
+fn three_greedy_one_sampled(seed: u64, prompts: impl Iterator<Item = Vec<u32>>) -> Vec<Request> {
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    prompts
+        .take(4)
+        .enumerate()
+        .map(|(i, prompt)| {
+            let params = if i == 3 {
+                sampled.clone()
+            } else {
+                SamplingParams::default()
+            };
+            (prompt, params, 40)
+        })
+        .collect()
+}
+
+/// Runs `requests` together in `batcher(fixed)` and checks that each gets what it gets alone
+/// in such a batcher (the greedy ones plain decoding's), with drafts accepted for each, and
+/// that the greedy ones get the same in `batcher` with the adaptive allotment, which decides
+/// from measured times; returns what each got and the steps until the first finished.
+fn check_batched_drafts(
+    model: &Arc<Model<CpuBackend>>,
+    requests: &[Request],
+    fixed: DraftPolicy,
+    batcher: impl Fn(DraftPolicy) -> Batcher<CpuBackend>,
+) -> (Vec<Vec<u32>>, usize) {
+    let lone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|request| {
+            let out = common::run_together(&mut batcher(fixed), std::slice::from_ref(request));
+            out.0[0].0.clone()
+        })
+        .collect();
+    for (i, (prompt, params, n)) in requests.iter().enumerate().take(3) {
+        assert_eq!(lone[i], alone(model, prompt, params, *n), "request {i}");
+    }
+    let (out, first_finished) = common::run_together(&mut batcher(fixed), requests);
+    for (i, (tokens, spec)) in out.iter().enumerate() {
+        assert_eq!(tokens, &lone[i], "request {i}");
+        assert!(spec.accepted_tokens() > 0, "request {i}: {spec:?}");
+    }
+    let (out, _) = common::run_together(&mut batcher(DraftPolicy::Adaptive(8)), requests);
+    for (i, (tokens, _)) in out.iter().enumerate().take(3) {
+        assert_eq!(tokens, &lone[i], "request {i}, adaptive");
+    }
+    (lone, first_finished)
+}
+
 #[test]
 #[ignore = "needs fetched models; run by tests/run-all"]
 fn batched_sequences_verify_their_drafts_in_one_pass_and_each_output_is_its_own() {
     let (_, model) = common::load(MODEL);
     let vocab = model.config().vocab;
     let mut rng = Rng::seeded(6);
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        top_p: 0.9,
-        seed: Some(4),
-        ..SamplingParams::default()
-    };
-    let requests: Vec<Request> = (0..4)
-        .map(|i| {
-            let params = if i == 3 {
-                sampled.clone()
-            } else {
-                SamplingParams::default()
-            };
-            (repeating_prompt(&mut rng, vocab), params, 40)
-        })
-        .collect();
-    // Each request alone in a batcher that drafts the same way: n-gram drafts depend on the
-    // tokens alone and every row's logits on its own sequence alone, so the batch must give
-    // the same tokens, the sampled request's included (same drafts, rows and draws).
-    let fixed = DraftPolicy::Fixed(4);
-    let lone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|request| {
-            let mut batcher = ngram_batcher(&model, fixed);
-            common::run_together(&mut batcher, std::slice::from_ref(request)).0[0]
-                .0
-                .clone()
-        })
-        .collect();
-    for (i, (prompt, params, n)) in requests.iter().enumerate().take(3) {
-        assert_eq!(lone[i], alone(&model, prompt, params, *n), "request {i}");
-    }
-    let (out, first_finished) = common::run_together(&mut ngram_batcher(&model, fixed), &requests);
-    for (i, (tokens, spec)) in out.iter().enumerate() {
-        assert_eq!(tokens, &lone[i], "request {i}");
-        assert!(spec.accepted_tokens() > 0, "request {i}: {spec:?}");
-    }
+    let prompts = std::iter::repeat_with(|| repeating_prompt(&mut rng, vocab));
+    let requests = three_greedy_one_sampled(4, prompts);
+    // N-gram drafts depend on the tokens alone and every row's logits on its own sequence
+    // alone, so the batch must give the same tokens as each request alone, the sampled
+    // request's included (same drafts, rows and draws).
+    let (_, first_finished) =
+        check_batched_drafts(&model, &requests, DraftPolicy::Fixed(4), |policy| {
+            ngram_batcher(&model, policy)
+        });
     // All four ran in every step until one finished: taking fewer steps than its 40 tokens
     // (the prompts' two prefill steps aside), it had drafts accepted in shared passes.
     assert!(
         first_finished < 30,
         "the first finished after {first_finished} steps"
     );
-    // The adaptive allotment decides from measured times, which vary; greedy output may not.
-    let (out, _) = common::run_together(
-        &mut ngram_batcher(&model, DraftPolicy::Adaptive(8)),
-        &requests,
-    );
-    for (i, (tokens, _)) in out.iter().enumerate().take(3) {
-        assert_eq!(tokens, &lone[i], "request {i}, adaptive");
-    }
 }
 
 #[test]
@@ -431,46 +449,14 @@ fn a_model_drafter_drafts_for_the_whole_batch_and_each_output_is_its_own() {
     let (_, model) = common::load(MODEL);
     let vocab = model.config().vocab;
     let mut rng = Rng::seeded(7);
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        top_p: 0.9,
-        seed: Some(9),
-        ..SamplingParams::default()
-    };
-    let requests: Vec<Request> = [17, 30, 9, 24]
-        .into_iter()
-        .enumerate()
-        .map(|(i, len)| {
-            let params = if i == 3 {
-                sampled.clone()
-            } else {
-                SamplingParams::default()
-            };
-            (common::random_tokens(&mut rng, len, vocab), params, 40)
-        })
-        .collect();
+    let prompts = [17, 30, 9, 24].map(|len| common::random_tokens(&mut rng, len, vocab));
+    let requests = three_greedy_one_sampled(9, prompts.into_iter());
+    // The drafter's logits, like the target's, do not depend on the batch, and its draws come
+    // from each sequence's own stream: the same argument as for n-gram drafts.
     let fixed = DraftPolicy::Fixed(3);
-    // Each request alone, drafting the same way: the drafter's logits, like the target's, do
-    // not depend on the batch, and its draws come from each sequence's own stream, so the
-    // batch must give the same tokens, the sampled request's included.
-    let lone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|request| {
-            let mut batcher = self_drafting_batcher(&model, fixed, 64);
-            common::run_together(&mut batcher, std::slice::from_ref(request)).0[0]
-                .0
-                .clone()
-        })
-        .collect();
-    for (i, (prompt, params, n)) in requests.iter().enumerate().take(3) {
-        assert_eq!(lone[i], alone(&model, prompt, params, *n), "request {i}");
-    }
-    let (out, first_finished) =
-        common::run_together(&mut self_drafting_batcher(&model, fixed, 64), &requests);
-    for (i, (tokens, spec)) in out.iter().enumerate() {
-        assert_eq!(tokens, &lone[i], "request {i}");
-        assert!(spec.accepted_tokens() > 0, "request {i}: {spec:?}");
-    }
+    let (lone, first_finished) = check_batched_drafts(&model, &requests, fixed, |policy| {
+        self_drafting_batcher(&model, policy, 64)
+    });
     // Greedy drafts by the target itself are always accepted: four tokens a step from the
     // prompts' prefill on, for all four sequences at once.
     assert!(
@@ -482,13 +468,6 @@ fn a_model_drafter_drafts_for_the_whole_batch_and_each_output_is_its_own() {
     let (out, _) = common::run_together(&mut self_drafting_batcher(&model, fixed, 5), &requests);
     for (i, (tokens, _)) in out.iter().enumerate().take(3) {
         assert_eq!(tokens, &lone[i], "request {i}, small drafter pool");
-    }
-    let (out, _) = common::run_together(
-        &mut self_drafting_batcher(&model, DraftPolicy::Adaptive(8), 64),
-        &requests,
-    );
-    for (i, (tokens, _)) in out.iter().enumerate().take(3) {
-        assert_eq!(tokens, &lone[i], "request {i}, adaptive");
     }
 }
 

@@ -238,8 +238,11 @@ fn chat(content: &str, extra: Value) -> Value {
     body
 }
 
+/// A streamed chat reply: its text, its finish reason and its usage, if sent.
+type Streamed = (String, Value, Option<Value>);
+
 /// The streamed text of chat chunks, checking the stream's shape on the way.
-fn streamed_chat(reply: &Reply) -> (String, Value, Option<Value>) {
+fn streamed_chat(reply: &Reply) -> Streamed {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("content-type"), Some("text/event-stream"));
     let events = reply.events();
@@ -268,6 +271,34 @@ fn streamed_chat(reply: &Reply) -> (String, Value, Option<Value>) {
         }
     }
     (text, finish, usage)
+}
+
+/// Streams chat requests `0..total` (`request(i)`) from `clients` threads at once, each
+/// taking the next request when done with one; returns each request's index and
+/// [`streamed_chat`] of its reply, in the order they finished.
+fn from_clients(
+    client: Client,
+    clients: usize,
+    total: usize,
+    request: impl Fn(usize) -> Value + Sync,
+) -> Vec<(usize, Streamed)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outputs = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..clients {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= total {
+                        break;
+                    }
+                    let reply = streamed_chat(&client.post("/v1/chat/completions", &request(i)));
+                    outputs.lock().unwrap().push((i, reply));
+                }
+            });
+        }
+    });
+    outputs.into_inner().unwrap()
 }
 
 #[test]
@@ -995,26 +1026,9 @@ fn load_test_64_clients_500_requests_each_output_as_if_alone() {
             (text, usage.unwrap()["completion_tokens"].clone())
         })
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let outputs = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|scope| {
-        for _ in 0..CLIENTS {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= REQUESTS {
-                        break;
-                    }
-                    let (text, finish, usage) =
-                        streamed_chat(&client.post("/v1/chat/completions", &request(i)));
-                    outputs.lock().unwrap().push((i, text, finish, usage));
-                }
-            });
-        }
-    });
-    let outputs = outputs.into_inner().unwrap();
+    let outputs = from_clients(client, CLIENTS, REQUESTS, request);
     assert_eq!(outputs.len(), REQUESTS);
-    for (i, text, finish, usage) in outputs {
+    for (i, (text, finish, usage)) in outputs {
         let (alone_text, alone_tokens) = &alone[i % distinct];
         assert_eq!(&text, alone_text, "request {i}");
         assert_eq!(
@@ -1083,26 +1097,9 @@ fn a_model_drafter_serves_concurrent_clients_each_output_as_if_alone() {
     let alone: Vec<String> = (0..distinct)
         .map(|i| streamed_chat(&client.post("/v1/chat/completions", &request(i))).0)
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let outputs = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|scope| {
-        for _ in 0..CLIENTS {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= REQUESTS {
-                        break;
-                    }
-                    let (text, _, _) =
-                        streamed_chat(&client.post("/v1/chat/completions", &request(i)));
-                    outputs.lock().unwrap().push((i, text));
-                }
-            });
-        }
-    });
-    let outputs = outputs.into_inner().unwrap();
+    let outputs = from_clients(client, CLIENTS, REQUESTS, request);
     assert_eq!(outputs.len(), REQUESTS);
-    for (i, text) in outputs {
+    for (i, (text, _, _)) in outputs {
         assert_eq!(text, alone[i % distinct], "request {i}");
     }
     let metrics = server.get("/metrics", &[]).body;
