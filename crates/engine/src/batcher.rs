@@ -422,6 +422,7 @@ impl<B: Backend> Batcher<B> {
         };
         let allotted = !alone && matches!(spec.policy, DraftPolicy::Adaptive(_));
         let proposes_first = spec.drafter.is_stateless();
+        let mut measuring_catch_up = false;
         for p in &mut self.plan {
             let seq = &mut self.running[p.index];
             if p.count != 1 || !p.scored || seq.logprobs.is_some() {
@@ -452,7 +453,16 @@ impl<B: Backend> Batcher<B> {
                 };
                 if allotted {
                     let control = &seq.drafting.control;
-                    let offer = control.offer(proposed, unseen, remaining, &spec.costs);
+                    let mut offer = control.offer(proposed, unseen, remaining, &spec.costs);
+                    // Until a catch-up's cost is measured, one sequence a step that needs one
+                    // offers rows, and its step measures it: catching up on every prompt of
+                    // a batch at once could stall a CPU for many seconds.
+                    if spec.costs.catch_up_unpriced(unseen) {
+                        if measuring_catch_up {
+                            offer.proposed = 0;
+                        }
+                        measuring_catch_up = true;
+                    }
                     spec.offers.push(offer);
                 }
                 (k, timing)

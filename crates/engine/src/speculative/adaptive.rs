@@ -272,6 +272,12 @@ impl PairCosts {
         }
     }
 
+    /// Whether catching up on `unseen` tokens is more than a round's steady one while its
+    /// cost per token is not yet measured.
+    pub(crate) fn catch_up_unpriced(&self, unseen: usize) -> bool {
+        unseen > STEADY_CATCH_UP && self.catch_up.0.is_none()
+    }
+
     /// Records a model drafter's catch-up for a batch: `tokens` fed for `sequences`
     /// sequences. Only one that fed more than a round's last token of each prices catching up.
     pub(crate) fn observe_batch_catch_up(
