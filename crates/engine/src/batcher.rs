@@ -521,12 +521,14 @@ impl<B: Backend> Batcher<B> {
             spec.rivals = Rivals::Batch { cutoff };
         } else {
             let mut left = room;
-            for p in self.plan.iter().filter(|p| p.drafting.is_some()) {
-                let seq = &self.running[p.index];
-                let wanted = match (proposes_first, p.drafting) {
-                    (true, _) => seq.draft.len(),
-                    (false, Some((k, _))) => k,
-                    (false, None) => 0,
+            for p in &self.plan {
+                let Some((k, _)) = p.drafting else {
+                    continue;
+                };
+                let wanted = if proposes_first {
+                    self.running[p.index].draft.len()
+                } else {
+                    k
                 };
                 let rows = wanted.min(left);
                 left -= rows;
@@ -583,7 +585,7 @@ impl<B: Backend> Batcher<B> {
         let catching_up = started.elapsed();
         if backend.passes_recorded() == recorded {
             spec.costs
-                .observe_batch_catch_up(unseen, inputs.len(), catching_up);
+                .observe_catch_up(unseen, inputs.len(), catching_up);
         }
         let catch_up = catching_up / inputs.len() as u32;
         drop(inputs);
@@ -991,9 +993,10 @@ where
         let started = Instant::now();
         let before_pass = self.model.backend().passes_recorded();
         self.forward()?;
+        let cold = !std::mem::replace(&mut self.warm, true);
         if let Some(spec) = &mut self.speculation
             && self.model.backend().passes_recorded() == before_pass
-            && std::mem::replace(&mut self.warm, true)
+            && !cold
         {
             spec.costs.observe_pass(self.batch.len(), started.elapsed());
         }

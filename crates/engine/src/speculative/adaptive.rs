@@ -260,10 +260,7 @@ impl PairCosts {
         propose_time: Duration,
     ) {
         let mut draft_time = propose_time;
-        if caught_up > STEADY_CATCH_UP {
-            self.catch_up
-                .observe(catch_up_time.as_secs_f64() / caught_up as f64);
-        } else {
+        if !self.observe_catch_up(caught_up, 1, catch_up_time) {
             draft_time += catch_up_time;
         }
         if drafted > 0 {
@@ -278,17 +275,20 @@ impl PairCosts {
         unseen > STEADY_CATCH_UP && self.catch_up.0.is_none()
     }
 
-    /// Records a model drafter's catch-up for a batch: `tokens` fed for `sequences`
-    /// sequences. Only one that fed more than a round's last token of each prices catching up.
-    pub(crate) fn observe_batch_catch_up(
+    /// Records a drafter's catch-up: `tokens` fed for `sequences` sequences. Only one that fed
+    /// more than a round's last token of each prices catching up; returns whether this one
+    /// did (a steady one is part of the price of drafting).
+    pub(crate) fn observe_catch_up(
         &mut self,
         tokens: usize,
         sequences: usize,
         time: Duration,
-    ) {
-        if tokens > sequences * STEADY_CATCH_UP {
+    ) -> bool {
+        let priced = tokens > sequences * STEADY_CATCH_UP;
+        if priced {
             self.catch_up.observe(time.as_secs_f64() / tokens as f64);
         }
+        priced
     }
 
     /// How a drafter catches up on `unseen` tokens within `allowance` seconds: fully when

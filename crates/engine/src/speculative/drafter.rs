@@ -584,14 +584,7 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
         }
         let behind = input.tokens.len() - 1;
         match self.followed.iter().find(|f| f.sequence == input.sequence) {
-            Some(f) => {
-                let sequence = Sequence {
-                    followed: 0,
-                    tokens: input.tokens,
-                    draft: &[],
-                };
-                behind - sequence.shared_with(&f.tokens).min(behind)
-            }
+            Some(f) => behind - common_prefix(&f.tokens, input.tokens).min(behind),
             None => behind,
         }
     }
