@@ -27,9 +27,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch, RowSampling};
-use lucebox_model::{Model, Workspace};
+use lucebox_backend::{Backend, BatchCapacity, RowSampling};
+use lucebox_model::Model;
 
+use crate::forward_state::ForwardState;
 use crate::speculative::{
     Draft, DraftPolicy, DraftPrice, DraftTiming, Drafter, MAX_DRAFT, Offer, PairCosts, Pass,
     Proposal, Rivals, Round, Scores, SequenceDrafting, SpecStats, accept, allot, run_drafter,
@@ -227,11 +228,7 @@ struct Speculation {
 pub struct Batcher<B: Backend> {
     model: Arc<Model<B>>,
     config: BatchConfig,
-    layout: KvLayout,
-    kv: B::KvCache,
-    pool: BlockPool,
-    workspace: Workspace<B>,
-    batch: RaggedBatch,
+    state: ForwardState<B>,
     /// The most logits rows one pass keeps.
     logits_rows: usize,
     /// The logits rows of the last forward pass, on the host once read.
@@ -300,25 +297,23 @@ impl<B: Backend> Batcher<B> {
             .min(model.config().context_length)
             .min(config.kv_blocks * config.block_tokens);
         let config = BatchConfig { context, ..config };
-        let layout = model.kv_layout(config.kv_blocks, config.block_tokens);
-        let kv = model.backend().kv_cache(layout)?;
         // Every sequence of a batch may verify a draft.
         let logits_rows = (config.max_sequences * (longest_draft + 1)).min(config.step_tokens);
-        let workspace = model.workspace(BatchCapacity {
-            tokens: config.step_tokens,
-            sequences: config.max_sequences,
-            blocks: config.max_sequences * context.div_ceil(config.block_tokens),
-            logits: logits_rows,
-        })?;
+        let state = ForwardState::new(
+            &model,
+            BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
+            BatchCapacity {
+                tokens: config.step_tokens,
+                sequences: config.max_sequences,
+                blocks: config.max_sequences * context.div_ceil(config.block_tokens),
+                logits: logits_rows,
+            },
+        )?;
         let vocab = model.config().vocab;
         Ok(Self {
             model,
             config,
-            layout,
-            kv,
-            pool: BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
-            workspace,
-            batch: RaggedBatch::new(),
+            state,
             logits_rows,
             logits: vec![0.0; vocab * logits_rows],
             raw_row: Vec::new(),
@@ -356,12 +351,15 @@ impl<B: Backend> Batcher<B> {
     /// go.
     fn make_room(&mut self, index: usize, count: usize) -> bool {
         loop {
-            if self.running[index].blocks.reserve(&mut self.pool, count) {
+            if self.running[index]
+                .blocks
+                .reserve(&mut self.state.pool, count)
+            {
                 return true;
             }
             let victim = self.running.len() - 1;
             let mut seq = self.running.remove(victim);
-            seq.blocks.release(&mut self.pool);
+            seq.blocks.release(&mut self.state.pool);
             self.waiting.push_front(seq);
             self.preemptions += 1;
             if victim == index {
@@ -482,7 +480,7 @@ impl<B: Backend> Batcher<B> {
                 continue;
             }
             let drafted = seq.draft.len().min(room);
-            if !seq.blocks.reserve(&mut self.pool, 1 + drafted) {
+            if !seq.blocks.reserve(&mut self.state.pool, 1 + drafted) {
                 seq.draft.clear();
             }
             seq.draft.truncate(drafted);
@@ -640,11 +638,13 @@ impl<B: Backend> Batcher<B> {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            let shared = seq.blocks.share_cached_prefix(&mut self.pool, &seq.tokens);
+            let shared = seq
+                .blocks
+                .share_cached_prefix(&mut self.state.pool, &seq.tokens);
             let needed =
                 seq.tokens.len().div_ceil(self.config.block_tokens) - seq.blocks.table().len();
-            if needed > self.pool.free_blocks() {
-                seq.blocks.release(&mut self.pool);
+            if needed > self.state.pool.free_blocks() {
+                seq.blocks.release(&mut self.state.pool);
                 self.waiting.push_front(seq);
                 break;
             }
@@ -653,7 +653,7 @@ impl<B: Backend> Batcher<B> {
                 seq.first_scheduled = Some(Instant::now());
             }
             let count = seq.unfed().min(budget);
-            let reserved = seq.blocks.reserve(&mut self.pool, count);
+            let reserved = seq.blocks.reserve(&mut self.state.pool, count);
             assert!(reserved, "checked against the free blocks");
             budget -= count;
             self.plan.push(Planned {
@@ -671,10 +671,10 @@ impl<B: Backend> Batcher<B> {
 
     /// Fills the batch from the plan and runs the forward pass.
     fn forward(&mut self) -> Result<(), Error> {
-        self.batch.clear();
+        self.state.batch.clear();
         for p in &self.plan {
             let seq = &self.running[p.index];
-            let s = self.batch.push_sequence(seq.blocks.table());
+            let s = self.state.batch.push_sequence(seq.blocks.table());
             let draft = seq.draft.tokens();
             for j in 0..p.count {
                 let (token, scored) = match p.drafting {
@@ -683,20 +683,22 @@ impl<B: Backend> Batcher<B> {
                     Some(_) => (seq.tokens[p.start], true),
                     None => (seq.tokens[p.start + j], p.scored && j + 1 == p.count),
                 };
-                self.batch
+                self.state
+                    .batch
                     .push_token(s, token, (p.start + j) as u32, scored);
             }
         }
-        self.model
-            .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+        self.state.forward(&self.model)?;
         for p in &self.plan {
-            self.running[p.index].blocks.advance(&self.pool, p.count);
+            self.running[p.index]
+                .blocks
+                .advance(&self.state.pool, p.count);
         }
         // Rows are read the cheapest way each sequence allows: the device's argmax for plain
         // greedy ones, its sampler (where it has one) for sampled ones that want no
         // log-probabilities and whose drafts, if any, are certain, the whole rows for the
         // others.
-        let rows = self.workspace.logits_rows();
+        let rows = self.state.workspace.logits_rows();
         let backend = self.model.backend();
         let device_samples = backend.samples_rows();
         let (mut greedy, mut read) = (false, false);
@@ -741,12 +743,12 @@ impl<B: Backend> Batcher<B> {
             row += rows;
         }
         if greedy {
-            backend.argmax_rows(self.workspace.logits(), &mut self.picks[..rows])?;
+            backend.argmax_rows(self.state.workspace.logits(), &mut self.picks[..rows])?;
         }
         if !self.device_rows.is_empty() {
             self.device_picks.resize(self.device_rows.len(), None);
             backend.sample_rows(
-                self.workspace.logits_mut(),
+                self.state.workspace.logits_mut(),
                 &self.device_rows,
                 &self.penalised,
                 &mut self.device_picks,
@@ -759,7 +761,7 @@ impl<B: Backend> Batcher<B> {
         let vocab = self.model.config().vocab;
         if read || left_to_host {
             backend.read_rows(
-                self.workspace.logits(),
+                self.state.workspace.logits(),
                 rows,
                 &mut self.logits[..rows * vocab],
             )?;
@@ -810,7 +812,8 @@ impl<B: Backend> Batcher<B> {
                         let (accepted, next) =
                             accept(&seq.draft, scores, &mut seq.sampler, &mut spec.dense);
                         seq.tokens.truncate(pending + 1 + accepted);
-                        seq.blocks.truncate(&mut self.pool, pending + 1 + accepted);
+                        seq.blocks
+                            .truncate(&mut self.state.pool, pending + 1 + accepted);
                         seq.tokens.push(next);
                         let round = Round {
                             drafted: seq.draft.len(),
@@ -873,7 +876,8 @@ impl<B: Backend> Batcher<B> {
                     finished.push((p.index, stop));
                 }
             }
-            seq.blocks.cache_full_blocks(&mut self.pool, &seq.tokens);
+            seq.blocks
+                .cache_full_blocks(&mut self.state.pool, &seq.tokens);
         }
         // The plan is in index order: the highest first, so the lower ones stay valid.
         for (index, stop) in finished.into_iter().rev() {
@@ -884,7 +888,7 @@ impl<B: Backend> Batcher<B> {
 
     /// Frees a finished sequence's blocks and reports it.
     fn retire(&mut self, mut seq: Sequence, stop: StopReason) -> Event {
-        seq.blocks.release(&mut self.pool);
+        seq.blocks.release(&mut self.state.pool);
         if let Some(spec) = &mut self.speculation {
             spec.drafter.finish(seq.id.0);
         }
@@ -998,7 +1002,8 @@ where
             && self.model.backend().passes_recorded() == before_pass
             && !cold
         {
-            spec.costs.observe_pass(self.batch.len(), started.elapsed());
+            spec.costs
+                .observe_pass(self.state.batch.len(), started.elapsed());
         }
         self.commit(started, passes_recorded, events);
         Ok(())
@@ -1009,8 +1014,8 @@ where
             running: self.running.len(),
             waiting: self.waiting.len(),
             max_sequences: self.config.max_sequences,
-            kv_blocks_used: self.pool.blocks() - self.pool.free_blocks(),
-            kv_blocks: self.pool.blocks(),
+            kv_blocks_used: self.state.pool.blocks() - self.state.pool.free_blocks(),
+            kv_blocks: self.state.pool.blocks(),
             preemptions: self.preemptions,
         }
     }

@@ -30,6 +30,7 @@
 
 mod batcher;
 mod error;
+mod forward_state;
 mod generator;
 mod kv;
 mod logprobs;

@@ -2,9 +2,10 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch, RowSampling};
-use lucebox_model::{Model, Workspace};
+use lucebox_backend::{Backend, BatchCapacity, RowSampling};
+use lucebox_model::Model;
 
+use crate::forward_state::ForwardState;
 use crate::{BlockPool, DEFAULT_BLOCK_TOKENS, Error, Sampler, SequenceBlocks};
 
 /// The sizes of a [`Session`].
@@ -82,12 +83,8 @@ pub struct GenerationStats {
 pub struct Session<B: Backend> {
     model: Arc<Model<B>>,
     config: SessionConfig,
-    layout: KvLayout,
-    kv: B::KvCache,
-    pool: BlockPool,
+    state: ForwardState<B>,
     sequence: SequenceBlocks,
-    workspace: Workspace<B>,
-    batch: RaggedBatch,
     tokens: Vec<u32>,
     /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
@@ -123,25 +120,23 @@ impl<B: Backend> Session<B> {
         let context = config.context.min(model.config().context_length);
         let config = SessionConfig { context, ..config };
         let blocks = context.div_ceil(config.block_tokens);
-        let layout = model.kv_layout(blocks, config.block_tokens);
-        let kv = model.backend().kv_cache(layout)?;
         let capacity = BatchCapacity {
             tokens: config.prefill_chunk.max(config.scored_tokens),
             sequences: 1,
             blocks,
             logits: config.scored_tokens,
         };
-        let workspace = model.workspace(capacity)?;
+        let state = ForwardState::new(
+            &model,
+            BlockPool::new(blocks, config.block_tokens),
+            capacity,
+        )?;
         let vocab = model.config().vocab;
         Ok(Self {
             model,
             config,
-            layout,
-            kv,
-            pool: BlockPool::new(blocks, config.block_tokens),
+            state,
             sequence: SequenceBlocks::new(),
-            workspace,
-            batch: RaggedBatch::new(),
             tokens: Vec::with_capacity(context),
             logits: vec![0.0; vocab * config.scored_tokens],
             picks: vec![0; config.scored_tokens],
@@ -174,7 +169,7 @@ impl<B: Backend> Session<B> {
     /// Forgets every token from `len` on, and their KV positions; nothing is recomputed, so
     /// dropping rejected draft tokens costs nothing. A no-op when `len` is not shorter.
     pub fn truncate(&mut self, len: usize) {
-        self.sequence.truncate(&mut self.pool, len);
+        self.sequence.truncate(&mut self.state.pool, len);
         self.tokens.truncate(len);
     }
 
@@ -241,19 +236,19 @@ impl<B: Backend> Session<B> {
     /// One forward pass over `chunk`, which must fit in the context, keeping the logits of
     /// every token when `score_all`, else of the last one.
     fn forward_chunk(&mut self, chunk: &[u32], score_all: bool) -> Result<(), Error> {
-        let reserved = self.sequence.reserve(&mut self.pool, chunk.len());
+        let reserved = self.sequence.reserve(&mut self.state.pool, chunk.len());
         assert!(reserved, "the pool holds the whole context");
-        self.batch.clear();
-        let seq = self.batch.push_sequence(self.sequence.table());
+        self.state.batch.clear();
+        let seq = self.state.batch.push_sequence(self.sequence.table());
         let start = self.sequence.len();
         for (j, &token) in chunk.iter().enumerate() {
             let scored = score_all || j + 1 == chunk.len();
-            self.batch
+            self.state
+                .batch
                 .push_token(seq, token, (start + j) as u32, scored);
         }
-        self.model
-            .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
-        self.sequence.advance(&self.pool, chunk.len());
+        self.state.forward(&self.model)?;
+        self.sequence.advance(&self.state.pool, chunk.len());
         self.tokens.extend_from_slice(chunk);
         Ok(())
     }
@@ -278,7 +273,7 @@ impl<B: Backend> Session<B> {
 
     /// The number of logits rows the last forward pass kept.
     pub fn logits_rows(&self) -> usize {
-        self.workspace.logits_rows()
+        self.state.workspace.logits_rows()
     }
 
     /// Copies the logits rows of the last forward pass to the host and returns them, row after
@@ -288,17 +283,17 @@ impl<B: Backend> Session<B> {
         let out = &mut self.logits[..rows * self.model.config().vocab];
         self.model
             .backend()
-            .read_rows(self.workspace.logits(), rows, out)?;
+            .read_rows(self.state.workspace.logits(), rows, out)?;
         Ok((out, &self.tokens))
     }
 
     /// The most likely token of each logits row of the last forward pass, computed where the
     /// logits are (on the device for a GPU backend), with ties going to the lowest id.
     pub fn argmax_rows(&mut self) -> Result<&[u32], Error> {
-        let picks = &mut self.picks[..self.workspace.logits_rows()];
+        let picks = &mut self.picks[..self.state.workspace.logits_rows()];
         self.model
             .backend()
-            .argmax_rows(self.workspace.logits(), picks)?;
+            .argmax_rows(self.state.workspace.logits(), picks)?;
         Ok(picks)
     }
 
@@ -353,7 +348,7 @@ impl<B: Backend> Session<B> {
         self.drawn.resize(self.requests.len(), None);
         let backend = self.model.backend();
         backend.sample_rows(
-            self.workspace.logits_mut(),
+            self.state.workspace.logits_mut(),
             &self.requests,
             &self.penalised,
             &mut self.drawn,
@@ -366,7 +361,7 @@ impl<B: Backend> Session<B> {
         }
         let vocab = self.model.config().vocab;
         let logits = &mut self.logits[..rows * vocab];
-        backend.read_rows(self.workspace.logits(), rows, logits)?;
+        backend.read_rows(self.state.workspace.logits(), rows, logits)?;
         for (request, drawn) in self.requests.iter().zip(&self.drawn) {
             if drawn.is_none() {
                 let row = &logits[request.row * vocab..(request.row + 1) * vocab];

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
-use lucebox_backend::{Backend, BatchCapacity, KvLayout, RaggedBatch};
-use lucebox_model::{Model, Workspace};
+use lucebox_backend::{Backend, BatchCapacity};
+use lucebox_model::Model;
 
+use crate::forward_state::ForwardState;
 use crate::{
     BlockPool, DEFAULT_BLOCK_TOKENS, Distribution, Error, Sampler, SamplingParams, SequenceBlocks,
     SessionConfig,
@@ -206,11 +207,7 @@ impl DrafterConfig {
 pub struct ModelDrafter<B: Backend> {
     model: Arc<Model<B>>,
     config: DrafterConfig,
-    layout: KvLayout,
-    kv: B::KvCache,
-    pool: BlockPool,
-    workspace: Workspace<B>,
-    batch: RaggedBatch,
+    state: ForwardState<B>,
     followed: Vec<Followed>,
     /// Counts the calls that feed the model; each followed sequence notes the last one it was
     /// part of, which decides whose blocks go first.
@@ -321,23 +318,21 @@ impl<B: Backend> ModelDrafter<B> {
         }
         let context = config.context.min(model.config().context_length);
         let config = DrafterConfig { context, ..config };
-        let layout = model.kv_layout(config.kv_blocks, config.block_tokens);
-        let kv = model.backend().kv_cache(layout)?;
-        let workspace = model.workspace(BatchCapacity {
-            tokens: config.pass_tokens,
-            sequences: config.sequences,
-            blocks: config.sequences * context.div_ceil(config.block_tokens),
-            logits: config.sequences,
-        })?;
+        let state = ForwardState::new(
+            &model,
+            BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
+            BatchCapacity {
+                tokens: config.pass_tokens,
+                sequences: config.sequences,
+                blocks: config.sequences * context.div_ceil(config.block_tokens),
+                logits: config.sequences,
+            },
+        )?;
         let vocab = model.config().vocab;
         Ok(Self {
             model,
             config,
-            layout,
-            kv,
-            pool: BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
-            workspace,
-            batch: RaggedBatch::new(),
+            state,
             followed: Vec::new(),
             calls: 0,
             rows: Vec::with_capacity(config.sequences),
@@ -368,7 +363,10 @@ impl<B: Backend> ModelDrafter<B> {
     /// `false` when even that leaves too little.
     fn reserve(&mut self, index: usize, count: usize) -> bool {
         loop {
-            if self.followed[index].blocks.reserve(&mut self.pool, count) {
+            if self.followed[index]
+                .blocks
+                .reserve(&mut self.state.pool, count)
+            {
                 return true;
             }
             let victim = self
@@ -384,7 +382,7 @@ impl<B: Backend> ModelDrafter<B> {
                 return false;
             };
             let victim = &mut self.followed[victim];
-            victim.blocks.release(&mut self.pool);
+            victim.blocks.release(&mut self.state.pool);
             victim.tokens.clear();
         }
     }
@@ -404,22 +402,22 @@ impl<B: Backend> ModelDrafter<B> {
             let f = &mut self.followed[s.followed];
             f.last_call = self.calls;
             let shared = s.shared_with(&f.tokens).min(hold);
-            if shared < f.blocks.final_len(&self.pool) {
-                f.blocks.release(&mut self.pool);
+            if shared < f.blocks.final_len(&self.state.pool) {
+                f.blocks.release(&mut self.state.pool);
             } else {
-                f.blocks.truncate(&mut self.pool, shared);
+                f.blocks.truncate(&mut self.state.pool, shared);
             }
             f.tokens.truncate(f.blocks.len());
             if f.tokens.is_empty() {
                 // Only the sequence's own tokens were cached, never drafts.
                 let own = &s.tokens[..hold.min(s.tokens.len())];
-                let reused = f.blocks.share_cached_prefix(&mut self.pool, own);
+                let reused = f.blocks.share_cached_prefix(&mut self.state.pool, own);
                 f.tokens.extend_from_slice(&own[..reused]);
             }
             ready.push(true);
         }
         loop {
-            self.batch.clear();
+            self.state.batch.clear();
             self.rows.clear();
             let mut room = self.config.pass_tokens;
             for (i, s) in sequences.iter().enumerate() {
@@ -436,10 +434,11 @@ impl<B: Backend> ModelDrafter<B> {
                     continue;
                 }
                 let f = &self.followed[s.followed];
-                let seq = self.batch.push_sequence(f.blocks.table());
+                let seq = self.state.batch.push_sequence(f.blocks.table());
                 let start = f.tokens.len();
                 for position in start..start + count {
-                    self.batch
+                    self.state
+                        .batch
                         .push_token(seq, s.token(position), position as u32, false);
                 }
                 self.rows.push((i, count));
@@ -448,20 +447,19 @@ impl<B: Backend> ModelDrafter<B> {
             if self.rows.is_empty() {
                 break;
             }
-            self.model
-                .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+            self.state.forward(&self.model)?;
             for &(i, count) in &self.rows {
                 let s = &sequences[i];
                 let f = &mut self.followed[s.followed];
                 let start = f.tokens.len();
-                f.blocks.advance(&self.pool, count);
+                f.blocks.advance(&self.state.pool, count);
                 f.tokens.extend((start..start + count).map(|p| s.token(p)));
             }
         }
         for (s, _) in sequences.iter().zip(ready.iter()).filter(|(_, r)| **r) {
             let f = &mut self.followed[s.followed];
             if f.tokens.len() <= s.tokens.len() {
-                f.blocks.cache_full_blocks(&mut self.pool, &f.tokens);
+                f.blocks.cache_full_blocks(&mut self.state.pool, &f.tokens);
             }
         }
         Ok(())
@@ -478,7 +476,7 @@ impl<B: Backend> ModelDrafter<B> {
     ) -> Result<(), Error> {
         let mut next = 0;
         while next < feeds.len() {
-            self.batch.clear();
+            self.state.batch.clear();
             self.rows.clear();
             while next < feeds.len() && self.rows.len() < self.config.sequences {
                 let feed = &feeds[next];
@@ -488,32 +486,32 @@ impl<B: Backend> ModelDrafter<B> {
                     continue;
                 }
                 let f = &self.followed[feed.followed];
-                let seq = self.batch.push_sequence(f.blocks.table());
-                self.batch
+                let seq = self.state.batch.push_sequence(f.blocks.table());
+                self.state
+                    .batch
                     .push_token(seq, feed.token, feed.position as u32, true);
                 self.rows.push((next - 1, 1));
             }
             if self.rows.is_empty() {
                 continue;
             }
-            self.model
-                .forward(&self.batch, &mut self.kv, &self.layout, &mut self.workspace)?;
+            self.state.forward(&self.model)?;
             let rows = self.rows.len();
             let greedy = |f: &Followed| f.sampler.params().is_plain_greedy();
             let followed = |&(i, _): &(usize, usize)| &self.followed[feeds[i].followed];
             let backend = self.model.backend();
             if self.rows.iter().map(followed).any(greedy) {
-                backend.argmax_rows(self.workspace.logits(), &mut self.picks[..rows])?;
+                backend.argmax_rows(self.state.workspace.logits(), &mut self.picks[..rows])?;
             }
             let vocab = self.model.config().vocab;
             if !self.rows.iter().map(followed).all(greedy) {
                 let out = &mut self.logits[..rows * vocab];
-                backend.read_rows(self.workspace.logits(), rows, out)?;
+                backend.read_rows(self.state.workspace.logits(), rows, out)?;
             }
             for (row, &(i, _)) in self.rows.iter().enumerate() {
                 let feed = &feeds[i];
                 let f = &mut self.followed[feed.followed];
-                f.blocks.advance(&self.pool, 1);
+                f.blocks.advance(&self.state.pool, 1);
                 f.tokens.push(feed.token);
                 let draft = &mut *proposals[feed.proposal].draft;
                 if greedy(f) {
@@ -555,7 +553,7 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
     fn finish(&mut self, sequence: u64) {
         if let Some(i) = self.followed.iter().position(|f| f.sequence == sequence) {
             let mut gone = self.followed.swap_remove(i);
-            gone.blocks.release(&mut self.pool);
+            gone.blocks.release(&mut self.state.pool);
         }
     }
 
