@@ -997,10 +997,10 @@ where
         let started = Instant::now();
         let before_pass = self.model.backend().passes_recorded();
         self.forward()?;
-        let cold = !std::mem::replace(&mut self.warm, true);
+        let was_warm = std::mem::replace(&mut self.warm, true);
         if let Some(spec) = &mut self.speculation
             && self.model.backend().passes_recorded() == before_pass
-            && !cold
+            && was_warm
         {
             spec.costs
                 .observe_pass(self.state.batch.len(), started.elapsed());
