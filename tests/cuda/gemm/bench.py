@@ -5,6 +5,8 @@ f32 accumulation for the matrices of the 1.5B's forward pass (a layer's q, k and
 together, o, gate and up together, down, and the output), at 128, 512 and 2,048 activation
 rows, and the least a dequantization of the Q4_K weights to f16 before each GEMM would add:
 its bytes (0.5625 read and 2 written per weight) at the copy bandwidth this script measures.
+It also says, per matrix, how many rows of a pass of m rows differ in any bit from the same
+rows of a pass of 2,048 (cuBLAS picks its kernel per shape), and times gate and up in bf16.
 Each figure is the median of 20 timed calls after 3 warm-up calls, by CUDA events. Our own
 kernels' times for the same shapes come from `ROWS=512 tests/gpu/pass-kernels` (mmq/mmt).
 
@@ -51,6 +53,19 @@ def copy_bandwidth():
     return 2 * src.numel() / (ms / 1e3)
 
 
+def row_bits_by_pass_rows(w):
+    """Whether a row's product keeps its bits when the pass has fewer rows, as every matmul of
+    ours does: rows of x[:m] @ w.T against the same rows of the 2,048-row product."""
+    x = torch.randn(2048, w.shape[1], dtype=torch.float16, device="cuda")
+    full = x @ w.T
+    changed = []
+    for m in (1, 2, 5, 16, 33, 64, 128, 512, 1000):
+        part = x[:m] @ w.T
+        rows = (part != full[:m]).any(dim=1).sum().item()
+        changed.append(f"{m}:{rows}")
+    return " ".join(changed)
+
+
 def main():
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
@@ -68,6 +83,15 @@ def main():
             print(f"{name:10} {rows:5} {ms * 1e3:9.1f} {tflops:8.1f} {dequant_us:11.1f}")
             totals[rows][0] += launches * ms * 1e3
             totals[rows][1] += launches * dequant_us
+        print(f"{name:10} rows whose bits differ from the 2,048-row pass, by rows: "
+              f"{row_bits_by_pass_rows(w)}")
+        if name == "gate, up":
+            wb = w.to(torch.bfloat16)
+            for rows in ROWS:
+                x = torch.randn(rows, cols, dtype=torch.bfloat16, device="cuda")
+                ms = median_ms(lambda: x @ wb.T)
+                print(f"{name:10} {rows:5} {ms * 1e3:9.1f} bf16")
+            del wb
         del w
     for rows, (gemm_us, dequant_us) in totals.items():
         print(

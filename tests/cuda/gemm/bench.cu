@@ -1,0 +1,199 @@
+// The candidate prefill matmul of kernels.cuh (Q4_K weights dequantized to f16, then a GEMM
+// whose order of additions is fixed by the matrix alone) on random matrices of the 1.5B's
+// shapes: its error against an f64 product, whether a row's bits depend on the pass's row count,
+// its place in the pass or the tile shape (they must not), and the time of the dequantization
+// and of the GEMM at 128, 512 and 2,048 activation rows. tests/cuda/gemm/bench.py times
+// cuBLAS's GEMM on the same shapes.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o gemm-bench tests/cuda/gemm/bench.cu && ./gemm-bench
+
+#include "kernels.cuh"
+#include "../check.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+static float host_half(uint16_t h) {
+    const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 31, mant = h & 1023;
+    float v = exp == 0 ? std::ldexp((float)mant, -24) : std::ldexp((float)(mant | 1024), exp - 25);
+    return sign ? -v : v;
+}
+
+static uint16_t to_half(float f) { return __half_as_ushort(__float2half(f)); }
+
+// Element i of a Q4_K block, as BlockQ4_K::at.
+static double q4_k_at(const uint8_t *b, int i) {
+    const int chunk = i / 64, half = (i % 64) / 32, l = i % 32, j = 2 * chunk + half;
+    const uint8_t *q = b + 4;
+    int sc, m;
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+    const uint8_t v = b[16 + 32 * chunk + l];
+    const int n = half ? v >> 4 : v & 0xF;
+    return (double)host_half(b[0] | (b[1] << 8)) * sc * n -
+           (double)host_half(b[2] | (b[3] << 8)) * m;
+}
+
+struct Shape {
+    const char *name;
+    int rows, cols, per_pass;
+};
+
+template <int BM> static void gemm(const __half *x, const __half *w, int m, int n, int k, float *out) {
+    const int blocks = (m + BM - 1) / BM * ((n + GEMM_BN - 1) / GEMM_BN);
+    gemm_f16<BM><<<blocks, GEMM_THREADS, gemm_smem_bytes<BM>()>>>(x, w, m, n, k, out);
+}
+
+template <typename F> static float time_us(F launch, int reps) {
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < 3; i++) launch();
+    CHECK(cudaEventRecord(start));
+    for (int i = 0; i < reps; i++) launch();
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CHECK(cudaGetLastError());
+    return 1000.0f * ms / reps;
+}
+
+int main() {
+    CHECK(cudaFuncSetAttribute(gemm_f16<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               gemm_smem_bytes<64>()));
+    CHECK(cudaFuncSetAttribute(gemm_f16<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               gemm_smem_bytes<128>()));
+    const Shape shapes[] = {{"q,k,v", 2048, 1536, 28},
+                            {"o", 1536, 1536, 28},
+                            {"gate,up", 17920, 1536, 28},
+                            {"down", 1536, 8960, 28},
+                            {"output", 151936, 1536, 1}};
+    const int max_tokens = 2048, token_counts[] = {128, 512, 2048};
+    double pass_us[3][3] = {}; // [tokens][dequantize, gemm 64, gemm 128]
+    std::mt19937 rng(7);
+    bool ok = true;
+    printf("%-8s %6s %11s %9s %9s %8s | worst error: f16 operands, exact operands\n", "matrix",
+           "tokens", "dequant us", "bm64 us", "bm128 us", "TFLOP/s");
+    for (const Shape &s : shapes) {
+        const size_t row_bytes = s.cols / 256 * 144, bytes = row_bytes * s.rows;
+        std::vector<uint8_t> w(bytes);
+        for (size_t i = 0; i < bytes; i++) w[i] = rng() & 0xFF;
+        std::uniform_real_distribution<float> scale(0.5e-3f, 2e-3f);
+        for (size_t b = 0; b < bytes; b += 144) {
+            const uint16_t d = to_half(scale(rng)), dmin = to_half(scale(rng));
+            memcpy(&w[b], &d, 2);
+            memcpy(&w[b + 2], &dmin, 2);
+        }
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        std::vector<float> x((size_t)max_tokens * s.cols);
+        for (float &v : x) v = normal(rng) * (rng() % 97 == 0 ? 30.0f : 1.0f);
+
+        uint8_t *dw;
+        float *dx, *dout, *dout2;
+        __half *dwh, *dxh;
+        CHECK(cudaMalloc(&dw, bytes));
+        CHECK(cudaMemcpy(dw, w.data(), bytes, cudaMemcpyHostToDevice));
+        CHECK(cudaMalloc(&dwh, (size_t)s.rows * s.cols * 2));
+        CHECK(cudaMalloc(&dx, x.size() * 4));
+        CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMalloc(&dxh, x.size() * 2));
+        CHECK(cudaMalloc(&dout, (size_t)max_tokens * s.rows * 4));
+        CHECK(cudaMalloc(&dout2, (size_t)max_tokens * s.rows * 4));
+        const long long elements = (long long)s.rows * s.cols;
+        auto dequantize = [&] {
+            dequantize_f16<BlockQ4_K><<<(elements / 8 + 255) / 256, 256>>>(dw, row_bytes, s.rows,
+                                                                         s.cols, dwh);
+        };
+        dequantize();
+        to_f16<<<(x.size() / 2 + 255) / 256, 256>>>(dx, (long long)x.size(), dxh);
+        gemm<128>(dxh, dwh, max_tokens, s.rows, s.cols, dout);
+        CHECK(cudaDeviceSynchronize());
+
+        // Error, on a sample of rows and tokens, against the f64 product of the f16 operands
+        // and of the exact ones, relative to the sum of |w x| of the output element.
+        std::vector<uint16_t> wh((size_t)s.rows * s.cols), xh(x.size());
+        CHECK(cudaMemcpy(wh.data(), dwh, wh.size() * 2, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(xh.data(), dxh, xh.size() * 2, cudaMemcpyDeviceToHost));
+        std::vector<float> all((size_t)max_tokens * s.rows);
+        CHECK(cudaMemcpy(all.data(), dout, all.size() * 4, cudaMemcpyDeviceToHost));
+        double worst_f16 = 0, worst_exact = 0;
+        for (int sample = 0; sample < 64; sample++) {
+            const int r = (int)((long long)sample * (s.rows - 1) / 63);
+            const int t = (int)(rng() % max_tokens);
+            double f16_sum = 0, exact_sum = 0, magnitude = 0;
+            for (int c = 0; c < s.cols; c++) {
+                const double exact_w = q4_k_at(&w[r * row_bytes + c / 256 * 144], c % 256);
+                const double exact_x = x[(size_t)t * s.cols + c];
+                f16_sum += (double)host_half(wh[(size_t)r * s.cols + c]) *
+                           host_half(xh[(size_t)t * s.cols + c]);
+                exact_sum += exact_w * exact_x;
+                magnitude += std::fabs(exact_w * exact_x);
+            }
+            const double got = all[(size_t)t * s.rows + r];
+            worst_f16 = std::max(worst_f16, std::fabs(got - f16_sum) / magnitude);
+            worst_exact = std::max(worst_exact, std::fabs(got - exact_sum) / magnitude);
+        }
+        if (worst_f16 > 1e-5) ok = false;
+
+        // A row's bits: the same at every row count, offset into the pass and tile shape.
+        std::vector<float> part((size_t)max_tokens * s.rows);
+        for (int m : {1, 2, 5, 16, 33, 64, 100, 128, 512, 1000}) {
+            for (int first : {0, 7}) {
+                for (int bm : {64, 128}) {
+                    const __half *xm = dxh + (size_t)first * s.cols;
+                    if (bm == 64) gemm<64>(xm, dwh, m, s.rows, s.cols, dout2);
+                    else gemm<128>(xm, dwh, m, s.rows, s.cols, dout2);
+                    CHECK(cudaMemcpy(part.data(), dout2, (size_t)m * s.rows * 4,
+                                     cudaMemcpyDeviceToHost));
+                    if (memcmp(part.data(), &all[(size_t)first * s.rows],
+                               (size_t)m * s.rows * 4) != 0) {
+                        printf("%s: rows %d..%d of a pass of %d (tiles of %d) differ from the "
+                               "same rows of %d\n",
+                               s.name, first, first + m, m, bm, max_tokens);
+                        ok = false;
+                    }
+                }
+            }
+        }
+
+        const int reps = s.rows > 100000 ? 10 : 50;
+        const float dequant_us = time_us(dequantize, reps);
+        for (int i = 0; i < 3; i++) {
+            const int tokens = token_counts[i];
+            const float us64 = time_us([&] { gemm<64>(dxh, dwh, tokens, s.rows, s.cols, dout); }, reps);
+            const float us128 = time_us([&] { gemm<128>(dxh, dwh, tokens, s.rows, s.cols, dout); }, reps);
+            const double tflops = 2.0 * tokens * s.rows * s.cols / (std::min(us64, us128) * 1e-6) / 1e12;
+            printf("%-8s %6d %11.1f %9.1f %9.1f %8.1f | %.1e %.1e\n", s.name, tokens, dequant_us,
+                   us64, us128, tflops, worst_f16, worst_exact);
+            pass_us[i][0] += s.per_pass * dequant_us;
+            pass_us[i][1] += s.per_pass * us64;
+            pass_us[i][2] += s.per_pass * us128;
+        }
+        CHECK(cudaFree(dw));
+        CHECK(cudaFree(dwh));
+        CHECK(cudaFree(dx));
+        CHECK(cudaFree(dxh));
+        CHECK(cudaFree(dout));
+        CHECK(cudaFree(dout2));
+    }
+    for (int i = 0; i < 3; i++) {
+        const double best = std::min(pass_us[i][1], pass_us[i][2]);
+        printf("a pass of %d rows: dequantization %.2f ms, GEMMs %.2f ms (tiles of 64) / %.2f ms "
+               "(128): at most %.0f tok/s from the matmuls with the dequantization, %.0f "
+               "without\n",
+               token_counts[i], pass_us[i][0] / 1e3, pass_us[i][1] / 1e3, pass_us[i][2] / 1e3,
+               token_counts[i] / ((best + pass_us[i][0]) * 1e-6), token_counts[i] / (best * 1e-6));
+    }
+    printf(ok ? "gemm: all checks passed\n" : "gemm: CHECKS FAILED\n");
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,148 @@
+// A candidate prefill matmul (not built into the backend): weights dequantized to f16, then an
+// f16 tensor-core GEMM with f32 accumulators whose order of additions is fixed by the matrix
+// alone. Each output element is one accumulator that takes the k16 steps of its row in order,
+// one mma.sync at a time, whatever the tile shape, the pass's row count or where the row sits
+// in its tile, so a row's result never depends on the rows beside it: the property every
+// matmul of the backend keeps (batch invariance, speculative greedy equal to plain greedy).
+//
+// out[m][n] = sum_k x[m][k] * w[n][k]: x is the pass's activations (f16, rows of k), w the
+// dequantized weight rows (f16, rows of k), out f32 rows of n, as the backend lays them out.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "../../../kernels/cuda/quant.cuh"
+
+// Rows of w, of which a thread takes 8 consecutive elements (one 16-byte store).
+template <typename Block>
+__global__ void dequantize_f16(const uint8_t *__restrict__ w, unsigned long long row_bytes,
+                               int rows, int cols, __half *__restrict__ out) {
+    const long long first = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (first >= (long long)rows * cols) return;
+    const int row = (int)(first / cols), col = (int)(first % cols);
+    const uint8_t *src = w + row * row_bytes;
+    __align__(16) __half v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = __float2half_rn(row_at<Block>(src, col + i));
+    *reinterpret_cast<uint4 *>(out + first) = *reinterpret_cast<const uint4 *>(v);
+}
+
+__global__ void to_f16(const float *__restrict__ x, long long n, __half *__restrict__ out) {
+    const long long i = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) *reinterpret_cast<__half2 *>(out + i) = __floats2half2_rn(x[i], x[i + 1]);
+}
+
+constexpr int GEMM_BN = 128, GEMM_BK = 32, GEMM_STAGES = 4, GEMM_THREADS = 256;
+// A tile row of 32 halves padded to 40: ldmatrix's eight 16-byte rows then fall on distinct
+// banks (a stride of 20 words), and every row stays 16-byte aligned for cp.async.
+constexpr int GEMM_LD = GEMM_BK + 8;
+
+template <int BM> constexpr int gemm_smem_bytes() {
+    return GEMM_STAGES * (BM + GEMM_BN) * GEMM_LD * 2;
+}
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *global, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    // A row past the matrix reads nothing and fills zeros (src-size 0).
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global),
+                 "r"(valid ? 16 : 0));
+}
+
+static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const __half *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+static __device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], unsigned b0,
+                                               unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Blocks of BM activation rows by 128 weight rows; eight warps, two along m by four along n,
+// each BM/2 x 32 of the tile. k must be a multiple of 32; m and n may be anything.
+template <int BM>
+__global__ void __launch_bounds__(GEMM_THREADS)
+    gemm_f16(const __half *__restrict__ x, const __half *__restrict__ w, int m, int n, int k,
+             float *__restrict__ out) {
+    constexpr int WM = BM / 2 / 16; // m16 tiles per warp
+    extern __shared__ __align__(16) __half smem[];
+    __half *xs = smem, *ws = smem + GEMM_STAGES * BM * GEMM_LD;
+    const int tiles_n = (n + GEMM_BN - 1) / GEMM_BN;
+    const int m0 = blockIdx.x / tiles_n * BM, n0 = blockIdx.x % tiles_n * GEMM_BN;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp / 4 * (BM / 2), wn = warp % 4 * 32;
+
+    auto load_stage = [&](int stage, int kt) {
+        const int k0 = kt * GEMM_BK;
+        // 16-byte chunks: four per tile row.
+        for (int c = threadIdx.x; c < BM * 4; c += GEMM_THREADS) {
+            const int r = c / 4, part = c % 4, row = m0 + r;
+            cp_async16(xs + (stage * BM + r) * GEMM_LD + part * 8,
+                       x + (size_t)min(row, m - 1) * k + k0 + part * 8, row < m);
+        }
+        for (int c = threadIdx.x; c < GEMM_BN * 4; c += GEMM_THREADS) {
+            const int r = c / 4, part = c % 4, row = n0 + r;
+            cp_async16(ws + (stage * GEMM_BN + r) * GEMM_LD + part * 8,
+                       w + (size_t)min(row, n - 1) * k + k0 + part * 8, row < n);
+        }
+    };
+
+    float acc[WM][4][4] = {};
+    const int steps = k / GEMM_BK;
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+        if (s < steps) load_stage(s, s);
+        asm volatile("cp.async.commit_group;\n");
+    }
+    for (int kt = 0; kt < steps; kt++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GEMM_STAGES - 2));
+        __syncthreads();
+        if (kt + GEMM_STAGES - 1 < steps) {
+            load_stage((kt + GEMM_STAGES - 1) % GEMM_STAGES, kt + GEMM_STAGES - 1);
+        }
+        asm volatile("cp.async.commit_group;\n");
+        const int stage = kt % GEMM_STAGES;
+        const __half *xt = xs + stage * BM * GEMM_LD, *wt = ws + stage * GEMM_BN * GEMM_LD;
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+            unsigned a[WM][4], b[2][4];
+#pragma unroll
+            for (int i = 0; i < WM; i++) {
+                ldmatrix_x4(a[i], xt + (wm + 16 * i + lane % 16) * GEMM_LD + kk + lane / 16 * 8);
+            }
+            // Matrices 0 and 1: n 0-7 at k and k + 8; 2 and 3: n 8-15.
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                ldmatrix_x4(b[j], wt + (wn + 16 * j + lane / 16 * 8 + lane % 8) * GEMM_LD + kk +
+                                      (lane / 8) % 2 * 8);
+            }
+#pragma unroll
+            for (int i = 0; i < WM; i++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    mma_f16(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
+                }
+            }
+        }
+    }
+    // Accumulator c of an m16n8 tile: rows lane/4 (+8 for c2, c3), columns 2 (lane%4) (+1).
+#pragma unroll
+    for (int i = 0; i < WM; i++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = m0 + wm + 16 * i + lane / 4 + 8 * h;
+                const int col = n0 + wn + 8 * j + 2 * (lane % 4);
+                if (row >= m) continue;
+                if (col < n) out[(size_t)row * n + col] = acc[i][j][2 * h];
+                if (col + 1 < n) out[(size_t)row * n + col + 1] = acc[i][j][2 * h + 1];
+            }
+        }
+    }
+}
