@@ -8,7 +8,7 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o gemm-bench tests/cuda/gemm/bench.cu && ./gemm-bench
 
 #include "kernels.cuh"
-#include "../check.cuh"
+#include "../bench.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -16,32 +16,6 @@
 #include <cstring>
 #include <random>
 #include <vector>
-
-static float host_half(uint16_t h) {
-    const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 31, mant = h & 1023;
-    float v = exp == 0 ? std::ldexp((float)mant, -24) : std::ldexp((float)(mant | 1024), exp - 25);
-    return sign ? -v : v;
-}
-
-static uint16_t to_half(float f) { return __half_as_ushort(__float2half(f)); }
-
-// Element i of a Q4_K block, as BlockQ4_K::at.
-static double q4_k_at(const uint8_t *b, int i) {
-    const int chunk = i / 64, half = (i % 64) / 32, l = i % 32, j = 2 * chunk + half;
-    const uint8_t *q = b + 4;
-    int sc, m;
-    if (j < 4) {
-        sc = q[j] & 63;
-        m = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-    const uint8_t v = b[16 + 32 * chunk + l];
-    const int n = half ? v >> 4 : v & 0xF;
-    return (double)host_half(b[0] | (b[1] << 8)) * sc * n -
-           (double)host_half(b[2] | (b[3] << 8)) * m;
-}
 
 struct Shape {
     const char *name;
@@ -51,21 +25,6 @@ struct Shape {
 template <int BM> static void gemm(const __half *x, const __half *w, int m, int n, int k, float *out) {
     const int blocks = (m + BM - 1) / BM * ((n + GEMM_BN - 1) / GEMM_BN);
     gemm_f16<BM><<<blocks, GEMM_THREADS, gemm_smem_bytes<BM>()>>>(x, w, m, n, k, out);
-}
-
-template <typename F> static float time_us(F launch, int reps) {
-    cudaEvent_t start, stop;
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&stop));
-    for (int i = 0; i < 3; i++) launch();
-    CHECK(cudaEventRecord(start));
-    for (int i = 0; i < reps; i++) launch();
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    CHECK(cudaGetLastError());
-    return 1000.0f * ms / reps;
 }
 
 int main() {

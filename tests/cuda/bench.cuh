@@ -1,0 +1,51 @@
+// Host helpers of the standalone CUDA benches (tests/cuda/*/bench.cu): f16 conversions, Q4_K
+// elements as the device decodes them (BlockQ4_K::at), and a launch's time.
+#pragma once
+
+#include "check.cuh"
+
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+static float host_half(uint16_t h) {
+    const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 31, mant = h & 1023;
+    float v = exp == 0 ? std::ldexp((float)mant, -24) : std::ldexp((float)(mant | 1024), exp - 25);
+    return sign ? -v : v;
+}
+
+static uint16_t to_half(float f) { return __half_as_ushort(__float2half(f)); }
+
+// Element i of a Q4_K block, as BlockQ4_K::at.
+static double q4_k_at(const uint8_t *b, int i) {
+    const int chunk = i / 64, half = (i % 64) / 32, l = i % 32, j = 2 * chunk + half;
+    const uint8_t *q = b + 4;
+    int sc, m;
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+    const uint8_t v = b[16 + 32 * chunk + l];
+    const int n = half ? v >> 4 : v & 0xF;
+    return (double)host_half(b[0] | (b[1] << 8)) * sc * n -
+           (double)host_half(b[2] | (b[3] << 8)) * m;
+}
+
+template <typename F> static float time_us(F launch, int reps) {
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    for (int i = 0; i < 3; i++) launch();
+    CHECK(cudaEventRecord(start));
+    for (int i = 0; i < reps; i++) launch();
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CHECK(cudaGetLastError());
+    return 1000.0f * ms / reps;
+}
