@@ -13,17 +13,25 @@
 
 #include "../../../kernels/cuda/quant.cuh"
 
-// Rows of w, of which a thread takes 8 consecutive elements (one 16-byte store).
-template <typename Block>
-__global__ void dequantize_f16(const uint8_t *__restrict__ w, unsigned long long row_bytes,
-                               int rows, int cols, __half *__restrict__ out) {
+// Q4_K rows to f16, a thread per 8 consecutive elements of one sub-block: its scale and
+// minimum decoded once, its 8 nibbles in one load, each value computed as BlockQ4_K::at does.
+__global__ void dequantize_q4_k_f16(const uint8_t *__restrict__ w, unsigned long long row_bytes,
+                                    int rows, int cols, __half *__restrict__ out) {
     const long long first = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
     if (first >= (long long)rows * cols) return;
     const int row = (int)(first / cols), col = (int)(first % cols);
-    const uint8_t *src = w + row * row_bytes;
+    const uint8_t *b = w + row * row_bytes + (size_t)(col / 256) * BlockQ4_K::BYTES;
+    const int i = col % 256, chunk = i / 64, half = (i % 64) / 32, l = i % 32;
+    int sc, m;
+    scale_min_k4(b + 4, 2 * chunk + half, &sc, &m);
+    const float scale = load_f16(b) * (float)sc, min = load_f16(b + 2) * (float)m;
+    const uint2 q = *reinterpret_cast<const uint2 *>(b + 16 + 32 * chunk + l);
     __align__(16) __half v[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = __float2half_rn(row_at<Block>(src, col + i));
+    for (int j = 0; j < 8; j++) {
+        const unsigned byte = ((j < 4 ? q.x : q.y) >> (8 * (j % 4))) & 0xFF;
+        v[j] = __float2half_rn(scale * (float)(half ? byte >> 4 : byte & 0xF) - min);
+    }
     *reinterpret_cast<uint4 *>(out + first) = *reinterpret_cast<const uint4 *>(v);
 }
 
@@ -32,13 +40,13 @@ __global__ void to_f16(const float *__restrict__ x, long long n, __half *__restr
     if (i < n) *reinterpret_cast<__half2 *>(out + i) = __floats2half2_rn(x[i], x[i + 1]);
 }
 
-constexpr int GEMM_BN = 128, GEMM_BK = 32, GEMM_STAGES = 4, GEMM_THREADS = 256;
+constexpr int GEMM_BK = 32, GEMM_STAGES = 4, GEMM_THREADS = 256;
 // A tile row of 32 halves padded to 40: ldmatrix's eight 16-byte rows then fall on distinct
 // banks (a stride of 20 words), and every row stays 16-byte aligned for cp.async.
 constexpr int GEMM_LD = GEMM_BK + 8;
 
-template <int BM> constexpr int gemm_smem_bytes() {
-    return GEMM_STAGES * (BM + GEMM_BN) * GEMM_LD * 2;
+template <int BM, int BN> constexpr int gemm_smem_bytes() {
+    return GEMM_STAGES * (BM + BN) * GEMM_LD * 2;
 }
 
 static __device__ __forceinline__ void cp_async16(void *smem, const void *global, bool valid) {
@@ -63,19 +71,19 @@ static __device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Blocks of BM activation rows by 128 weight rows; eight warps, two along m by four along n,
-// each BM/2 x 32 of the tile. k must be a multiple of 32; m and n may be anything.
-template <int BM>
+// Blocks of BM activation rows by BN weight rows; eight warps, two along m by four along n,
+// each BM/2 x BN/4 of the tile. k must be a multiple of 32; m and n may be anything.
+template <int BM, int BN>
 __global__ void __launch_bounds__(GEMM_THREADS)
     gemm_f16(const __half *__restrict__ x, const __half *__restrict__ w, int m, int n, int k,
              float *__restrict__ out) {
-    constexpr int WM = BM / 2 / 16; // m16 tiles per warp
+    constexpr int WM = BM / 2 / 16, WN = BN / 4 / 8; // m16 and n8 tiles per warp
     extern __shared__ __align__(16) __half smem[];
     __half *xs = smem, *ws = smem + GEMM_STAGES * BM * GEMM_LD;
-    const int tiles_n = (n + GEMM_BN - 1) / GEMM_BN;
-    const int m0 = blockIdx.x / tiles_n * BM, n0 = blockIdx.x % tiles_n * GEMM_BN;
+    const int tiles_n = (n + BN - 1) / BN;
+    const int m0 = blockIdx.x / tiles_n * BM, n0 = blockIdx.x % tiles_n * BN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int wm = warp / 4 * (BM / 2), wn = warp % 4 * 32;
+    const int wm = warp / 4 * (BM / 2), wn = warp % 4 * (BN / 4);
 
     auto load_stage = [&](int stage, int kt) {
         const int k0 = kt * GEMM_BK;
@@ -85,14 +93,14 @@ __global__ void __launch_bounds__(GEMM_THREADS)
             cp_async16(xs + (stage * BM + r) * GEMM_LD + part * 8,
                        x + (size_t)min(row, m - 1) * k + k0 + part * 8, row < m);
         }
-        for (int c = threadIdx.x; c < GEMM_BN * 4; c += GEMM_THREADS) {
+        for (int c = threadIdx.x; c < BN * 4; c += GEMM_THREADS) {
             const int r = c / 4, part = c % 4, row = n0 + r;
-            cp_async16(ws + (stage * GEMM_BN + r) * GEMM_LD + part * 8,
+            cp_async16(ws + (stage * BN + r) * GEMM_LD + part * 8,
                        w + (size_t)min(row, n - 1) * k + k0 + part * 8, row < n);
         }
     };
 
-    float acc[WM][4][4] = {};
+    float acc[WM][WN][4] = {};
     const int steps = k / GEMM_BK;
 #pragma unroll
     for (int s = 0; s < GEMM_STAGES - 1; s++) {
@@ -107,24 +115,24 @@ __global__ void __launch_bounds__(GEMM_THREADS)
         }
         asm volatile("cp.async.commit_group;\n");
         const int stage = kt % GEMM_STAGES;
-        const __half *xt = xs + stage * BM * GEMM_LD, *wt = ws + stage * GEMM_BN * GEMM_LD;
+        const __half *xt = xs + stage * BM * GEMM_LD, *wt = ws + stage * BN * GEMM_LD;
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
-            unsigned a[WM][4], b[2][4];
+            unsigned a[WM][4], b[WN / 2][4];
 #pragma unroll
             for (int i = 0; i < WM; i++) {
                 ldmatrix_x4(a[i], xt + (wm + 16 * i + lane % 16) * GEMM_LD + kk + lane / 16 * 8);
             }
             // Matrices 0 and 1: n 0-7 at k and k + 8; 2 and 3: n 8-15.
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
+            for (int j = 0; j < WN / 2; j++) {
                 ldmatrix_x4(b[j], wt + (wn + 16 * j + lane / 16 * 8 + lane % 8) * GEMM_LD + kk +
                                       (lane / 8) % 2 * 8);
             }
 #pragma unroll
             for (int i = 0; i < WM; i++) {
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < WN; j++) {
                     mma_f16(acc[i][j], a[i], b[j / 2][2 * (j % 2)], b[j / 2][2 * (j % 2) + 1]);
                 }
             }
@@ -134,7 +142,7 @@ __global__ void __launch_bounds__(GEMM_THREADS)
 #pragma unroll
     for (int i = 0; i < WM; i++) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < WN; j++) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int row = m0 + wm + 16 * i + lane / 4 + 8 * h;
