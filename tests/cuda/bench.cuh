@@ -1,5 +1,6 @@
-// Host helpers of the standalone CUDA benches (tests/cuda/*/bench.cu): f16 conversions, Q4_K
-// elements as the device decodes them (BlockQ4_K::at), and a launch's time.
+// Host helpers of the standalone CUDA benches (tests/cuda/*/bench.cu): f16 conversions, random
+// Q4_K matrices and activations, Q4_K elements as the device decodes them (BlockQ4_K::at), and
+// a launch's time.
 #pragma once
 
 #include "check.cuh"
@@ -8,6 +9,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
 
 static float host_half(uint16_t h) {
     const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 31, mant = h & 1023;
@@ -16,6 +20,29 @@ static float host_half(uint16_t h) {
 }
 
 static uint16_t to_half(float f) { return __half_as_ushort(__float2half(f)); }
+
+// `bytes` of random Q4_K blocks whose d and dmin are small enough for products of a few
+// thousand columns to stay in range.
+static std::vector<uint8_t> random_q4_k(size_t bytes, std::mt19937 &rng) {
+    std::vector<uint8_t> w(bytes);
+    for (size_t i = 0; i < bytes; i++) w[i] = rng() & 0xFF;
+    std::uniform_real_distribution<float> scale(0.5e-3f, 2e-3f);
+    for (size_t b = 0; b < bytes; b += 144) {
+        const uint16_t d = to_half(scale(rng)), dmin = to_half(scale(rng));
+        memcpy(&w[b], &d, 2);
+        memcpy(&w[b + 2], &dmin, 2);
+    }
+    return w;
+}
+
+// n activations, normal, with about one in 97 thirty times larger (the outlier channels of
+// real hidden states).
+static std::vector<float> random_activations(size_t n, std::mt19937 &rng) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(n);
+    for (float &v : x) v = normal(rng) * (rng() % 97 == 0 ? 30.0f : 1.0f);
+    return x;
+}
 
 // Element i of a Q4_K block, as BlockQ4_K::at.
 static double q4_k_at(const uint8_t *b, int i) {

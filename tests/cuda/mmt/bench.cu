@@ -173,17 +173,8 @@ int main() {
     printf(" | worst error: now, each variant\n");
     for (const Shape &s : shapes) {
         const size_t row_bytes = s.cols / 256 * 144, bytes = row_bytes * s.rows;
-        std::vector<uint8_t> w(bytes);
-        for (size_t i = 0; i < bytes; i++) w[i] = rng() & 0xFF;
-        std::uniform_real_distribution<float> scale(0.5e-3f, 2e-3f);
-        for (size_t b = 0; b < bytes; b += 144) {
-            const uint16_t d = to_half(scale(rng)), dmin = to_half(scale(rng));
-            memcpy(&w[b], &d, 2);
-            memcpy(&w[b + 2], &dmin, 2);
-        }
-        std::normal_distribution<float> normal(0.0f, 1.0f);
-        std::vector<float> x((size_t)max_tokens * s.cols);
-        for (float &v : x) v = normal(rng) * (rng() % 97 == 0 ? 30.0f : 1.0f);
+        const std::vector<uint8_t> w = random_q4_k(bytes, rng);
+        const std::vector<float> x = random_activations((size_t)max_tokens * s.cols, rng);
 
         uint8_t *dw;
         float *dx, *dout, *dout2;
