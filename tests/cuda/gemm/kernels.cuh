@@ -35,6 +35,7 @@ __global__ void dequantize_q4_k_f16(const uint8_t *__restrict__ w, unsigned long
     *reinterpret_cast<uint4 *>(out + first) = *reinterpret_cast<const uint4 *>(v);
 }
 
+// n f32 activations to f16, a thread per pair: n must be even (whole rows of an even k).
 __global__ void to_f16(const float *__restrict__ x, long long n, __half *__restrict__ out) {
     const long long i = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
     if (i < n) *reinterpret_cast<__half2 *>(out + i) = __floats2half2_rn(x[i], x[i + 1]);
