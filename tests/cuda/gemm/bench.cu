@@ -1,13 +1,14 @@
-// The candidate prefill matmul of kernels.cuh (Q4_K weights dequantized to f16, then a GEMM
-// whose order of additions is fixed by the matrix alone) on random matrices of the 1.5B's
-// shapes: its error against an f64 product, whether a row's bits depend on the pass's row count,
-// its place in the pass or the tile shape (they must not), and the time of the dequantization
-// and of the GEMM at 128, 512 and 2,048 activation rows. tests/cuda/gemm/bench.py times
+// The backend's prefill matmul of prompt rows (kernels/cuda/gemm.cu: Q4_K weights dequantized
+// to f16, then a GEMM whose order of additions is fixed by the matrix alone) on random matrices
+// of the 1.5B's shapes: its error against an f64 product, whether a row's bits depend on the
+// pass's row count, its place in the pass or the tile shape (they must not), and the time of
+// the dequantization (done once, when the backend loads a matrix) and of the GEMM at 128, 512
+// and 2,048 activation rows for each of the backend's tiles. tests/cuda/gemm/bench.py times
 // cuBLAS's GEMM on the same shapes.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o gemm-bench tests/cuda/gemm/bench.cu && ./gemm-bench
 
-#include "kernels.cuh"
+#include "../../../kernels/cuda/gemm.cu"
 #include "../bench.cuh"
 
 #include <algorithm>
@@ -26,31 +27,18 @@ struct Shape {
 constexpr int TILES[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
 constexpr int TILE_COUNT = 4;
 
-template <int BM, int BN>
-static void gemm_tiles(const __half *x, const __half *w, int m, int n, int k, float *out) {
-    const int blocks = (m + BM - 1) / BM * ((n + BN - 1) / BN);
-    gemm_f16<BM, BN><<<blocks, GEMM_THREADS, gemm_smem_bytes<BM, BN>()>>>(x, w, m, n, k, out);
-}
-
-template <int BM, int BN> static void allow_smem() {
-    CHECK(cudaFuncSetAttribute(gemm_f16<BM, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               gemm_smem_bytes<BM, BN>()));
-}
-
 static void gemm(int tile, const __half *x, const __half *w, int m, int n, int k, float *out) {
+    const int blocks = (m + TILES[tile][0] - 1) / TILES[tile][0] *
+                       ((n + TILES[tile][1] - 1) / TILES[tile][1]);
     switch (tile) {
-    case 0: gemm_tiles<64, 64>(x, w, m, n, k, out); break;
-    case 1: gemm_tiles<64, 128>(x, w, m, n, k, out); break;
-    case 2: gemm_tiles<128, 64>(x, w, m, n, k, out); break;
-    default: gemm_tiles<128, 128>(x, w, m, n, k, out); break;
+    case 0: gemm_f16_64x64<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
+    case 1: gemm_f16_64x128<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
+    case 2: gemm_f16_128x64<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
+    default: gemm_f16_128x128<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
     }
 }
 
 int main() {
-    allow_smem<64, 64>();
-    allow_smem<64, 128>();
-    allow_smem<128, 64>();
-    allow_smem<128, 128>();
     const Shape shapes[] = {{"q,k,v", 2048, 1536, 28},
                             {"o", 1536, 1536, 28},
                             {"gate,up", 17920, 1536, 28},
@@ -81,11 +69,11 @@ int main() {
         CHECK(cudaMalloc(&dout2, (size_t)max_tokens * s.rows * 4));
         const long long elements = (long long)s.rows * s.cols;
         auto dequantize = [&] {
-            dequantize_q4_k_f16<<<(elements / 8 + 255) / 256, 256>>>(dw, row_bytes, s.rows,
-                                                                   s.cols, dwh);
+            dequantize_f16_q4_k<<<(elements + 255) / 256, 256>>>(dw, row_bytes, s.rows, s.cols,
+                                                                dwh);
         };
         dequantize();
-        to_f16<<<(x.size() / 2 + 255) / 256, 256>>>(dx, (long long)x.size(), dxh);
+        activations_to_f16<<<(x.size() / 2 + 255) / 256, 256>>>(dx, (long long)x.size(), dxh);
         gemm(TILE_COUNT - 1, dxh, dwh, max_tokens, s.rows, s.cols, dout);
         CHECK(cudaDeviceSynchronize());
 
@@ -162,16 +150,15 @@ int main() {
     }
     // The output matrix is applied to logits rows only, which stay on the int8 kernels, so
     // a prompt pass's figures leave it out.
-    printf("the layers' matrices, a pass: dequantization %.2f ms\n", dequant_pass_us / 1e3);
+    printf("the layers' matrices: dequantization %.2f ms, once, when the backend loads them\n",
+           dequant_pass_us / 1e3);
     for (int i = 0; i < 3; i++) {
         printf("a pass of %d rows, GEMMs:", token_counts[i]);
         for (int tile = 0; tile < TILE_COUNT; tile++) {
             printf(" %.2f ms (%dx%d)", pass_us[i][tile] / 1e3, TILES[tile][0], TILES[tile][1]);
         }
-        printf(", the best tile per matrix %.2f ms: at most %.0f tok/s from the matmuls, %.0f "
-               "with the dequantization\n",
-               best_pass_us[i] / 1e3, token_counts[i] / (best_pass_us[i] * 1e-6),
-               token_counts[i] / ((best_pass_us[i] + dequant_pass_us) * 1e-6));
+        printf(", the best tile per matrix %.2f ms: at most %.0f tok/s from the matmuls\n",
+               best_pass_us[i] / 1e3, token_counts[i] / (best_pass_us[i] * 1e-6));
     }
     printf(ok ? "gemm: all checks passed\n" : "gemm: CHECKS FAILED\n");
     return ok ? 0 : 1;

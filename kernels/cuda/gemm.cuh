@@ -1,53 +1,51 @@
-// A candidate prefill matmul (not built into the backend): weights dequantized to f16, then an
-// f16 tensor-core GEMM with f32 accumulators whose order of additions is fixed by the matrix
+// The prefill matmul of prompt rows: weights dequantized to f16 once, when they are loaded, and
+// an f16 tensor-core GEMM with f32 accumulators whose order of additions is fixed by the matrix
 // alone. Each output element is one accumulator that takes the k16 steps of its row in order,
 // one mma.sync at a time, whatever the tile shape, the pass's row count or where the row sits
 // in its tile, so a row's result never depends on the rows beside it: the property every
-// matmul of the backend keeps (batch invariance, speculative greedy equal to plain greedy).
+// matmul of the backend keeps (batch invariance, chunking invariance). Its bits are not the
+// int8 kernels' (mmv.cu, mmt.cu), so the backend gives it the rows of one class only, prompt
+// tokens, and every generated token's row to the int8 kernels (crates/backend: `Rows`).
 //
-// out[m][n] = sum_k x[m][k] * w[n][k]: x is the pass's activations (f16, rows of k), w the
-// dequantized weight rows (f16, rows of k), out f32 rows of n, as the backend lays them out.
+// out[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]): x is the pass's activations (f16, rows of
+// k), w the dequantized weight rows (f16, rows of k), out f32 rows of n, as the backend lays
+// them out. Shared by gemm.cu (the backend's instances) and tests/cuda/gemm/bench.cu.
+//
+// The mma instructions exist from sm_80; HIP builds none of this (crates/backend/build.rs).
 #pragma once
 
-#include <cuda_fp16.h>
+#include "quant.cuh"
 
-#include "../../../kernels/cuda/quant.cuh"
-
-// Q4_K rows to f16, a thread per 8 consecutive elements of one sub-block: its scale and
-// minimum decoded once, its 8 nibbles in one load, each value computed as BlockQ4_K::at does.
-__global__ void dequantize_q4_k_f16(const uint8_t *__restrict__ w, unsigned long long row_bytes,
-                                    int rows, int cols, __half *__restrict__ out) {
-    const long long first = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
-    if (first >= (long long)rows * cols) return;
-    const int row = (int)(first / cols), col = (int)(first % cols);
-    const uint8_t *b = w + row * row_bytes + (size_t)(col / 256) * BlockQ4_K::BYTES;
-    const int i = col % 256, chunk = i / 64, half = (i % 64) / 32, l = i % 32;
-    int sc, m;
-    scale_min_k4(b + 4, 2 * chunk + half, &sc, &m);
-    const float scale = load_f16(b) * (float)sc, min = load_f16(b + 2) * (float)m;
-    const uint2 q = *reinterpret_cast<const uint2 *>(b + 16 + 32 * chunk + l);
-    __align__(16) __half v[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const unsigned byte = ((j < 4 ? q.x : q.y) >> (8 * (j % 4))) & 0xFF;
-        v[j] = __float2half_rn(scale * (float)(half ? byte >> 4 : byte & 0xF) - min);
-    }
-    *reinterpret_cast<uint4 *>(out + first) = *reinterpret_cast<const uint4 *>(v);
+// Element i of rows of blocks of `Block` to f16, a thread per element: run once per matrix
+// when it is loaded, so its speed does not matter.
+template <typename Block>
+static __device__ void dequantize_f16(const uint8_t *__restrict__ w, unsigned long long row_bytes,
+                                      int rows, int cols, __half *__restrict__ out) {
+    AFTER_PREVIOUS_KERNEL();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)rows * cols) return;
+    const int row = (int)(i / cols), col = (int)(i % cols);
+    out[i] = __float2half_rn(row_at<Block>(w + row * row_bytes, col));
 }
 
 // n f32 activations to f16, a thread per pair: n must be even (whole rows of an even k).
-__global__ void to_f16(const float *__restrict__ x, long long n, __half *__restrict__ out) {
+static __device__ void to_f16(const float *__restrict__ x, long long n, __half *__restrict__ out) {
+    AFTER_PREVIOUS_KERNEL();
     const long long i = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
     if (i < n) *reinterpret_cast<__half2 *>(out + i) = __floats2half2_rn(x[i], x[i + 1]);
 }
 
-constexpr int GEMM_BK = 32, GEMM_STAGES = 4, GEMM_THREADS = 256;
+#if !defined(__HIP__)
+
+constexpr int GEMM_BK = 32, GEMM_THREADS = 256;
 // A tile row of 32 halves padded to 40: ldmatrix's eight 16-byte rows then fall on distinct
 // banks (a stride of 20 words), and every row stays 16-byte aligned for cp.async.
 constexpr int GEMM_LD = GEMM_BK + 8;
 
-template <int BM, int BN> constexpr int gemm_smem_bytes() {
-    return GEMM_STAGES * (BM + BN) * GEMM_LD * 2;
+// The stages of cp.async in flight for a tile: as many as fit the 48 KiB of static shared
+// memory a block may have without asking the driver for more, at most four.
+template <int BM, int BN> __host__ __device__ constexpr int gemm_stages() {
+    return 49152 / ((BM + BN) * GEMM_LD * 2) < 4 ? 49152 / ((BM + BN) * GEMM_LD * 2) : 4;
 }
 
 static __device__ __forceinline__ void cp_async16(void *smem, const void *global, bool valid) {
@@ -72,17 +70,19 @@ static __device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Blocks of BM activation rows by BN weight rows; eight warps, two along m by four along n,
-// each BM/2 x BN/4 of the tile. k must be a multiple of 32; m and n may be anything.
+// Blocks of BM activation rows by BN weight rows, the row blocks of one column of tiles
+// adjacent in the grid (they share the weight tile in L2); eight warps, two along m by four
+// along n, each BM/2 x BN/4 of the tile. k must be a multiple of 32; m and n may be anything.
 template <int BM, int BN>
-__global__ void __launch_bounds__(GEMM_THREADS)
-    gemm_f16(const __half *__restrict__ x, const __half *__restrict__ w, int m, int n, int k,
-             float *__restrict__ out) {
+static __device__ void gemm_f16(const __half *__restrict__ x, const __half *__restrict__ w,
+                                const float *__restrict__ bias, int m, int n, int k,
+                                float *__restrict__ out) {
+    constexpr int STAGES = gemm_stages<BM, BN>();
     constexpr int WM = BM / 2 / 16, WN = BN / 4 / 8; // m16 and n8 tiles per warp
-    extern __shared__ __align__(16) __half smem[];
-    __half *xs = smem, *ws = smem + GEMM_STAGES * BM * GEMM_LD;
-    const int tiles_n = (n + BN - 1) / BN;
-    const int m0 = blockIdx.x / tiles_n * BM, n0 = blockIdx.x % tiles_n * BN;
+    __shared__ __align__(16) __half xs[STAGES * BM * GEMM_LD], ws[STAGES * BN * GEMM_LD];
+    AFTER_PREVIOUS_KERNEL();
+    const int tiles_m = (m + BM - 1) / BM;
+    const int m0 = blockIdx.x % tiles_m * BM, n0 = blockIdx.x / tiles_m * BN;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = warp / 4 * (BM / 2), wn = warp % 4 * (BN / 4);
 
@@ -104,18 +104,16 @@ __global__ void __launch_bounds__(GEMM_THREADS)
     float acc[WM][WN][4] = {};
     const int steps = k / GEMM_BK;
 #pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+    for (int s = 0; s < STAGES - 1; s++) {
         if (s < steps) load_stage(s, s);
         asm volatile("cp.async.commit_group;\n");
     }
     for (int kt = 0; kt < steps; kt++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(GEMM_STAGES - 2));
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         __syncthreads();
-        if (kt + GEMM_STAGES - 1 < steps) {
-            load_stage((kt + GEMM_STAGES - 1) % GEMM_STAGES, kt + GEMM_STAGES - 1);
-        }
+        if (kt + STAGES - 1 < steps) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
         asm volatile("cp.async.commit_group;\n");
-        const int stage = kt % GEMM_STAGES;
+        const int stage = kt % STAGES;
         const __half *xt = xs + stage * BM * GEMM_LD, *wt = ws + stage * BN * GEMM_LD;
 #pragma unroll
         for (int kk = 0; kk < GEMM_BK; kk += 16) {
@@ -149,9 +147,16 @@ __global__ void __launch_bounds__(GEMM_THREADS)
                 const int row = m0 + wm + 16 * i + lane / 4 + 8 * h;
                 const int col = n0 + wn + 8 * j + 2 * (lane % 4);
                 if (row >= m) continue;
-                if (col < n) out[(size_t)row * n + col] = acc[i][j][2 * h];
-                if (col + 1 < n) out[(size_t)row * n + col + 1] = acc[i][j][2 * h + 1];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (col + e < n) {
+                        out[(size_t)row * n + col + e] =
+                            acc[i][j][2 * h + e] + (bias ? bias[col + e] : 0.0f);
+                    }
+                }
             }
         }
     }
 }
+
+#endif
