@@ -1,6 +1,6 @@
-// The backend's instances of gemm.cuh: a dequantizer to f16 per format, the f32 to f16
-// conversion of activation rows, and the GEMM for each tile shape the backend chooses from
-// (crates/backend/src/gpu: `PROMPT_GEMM_TILES`, in this order).
+// The instances of gemm.cuh the backend is to launch (it does not yet: README, "The GEMM as a
+// kernel family"): a dequantizer to f16 per format, the f32 to f16 conversion of activation
+// rows, and the GEMM for each tile shape, which tests/cuda/gemm/bench.cu times.
 
 #include "gemm.cuh"
 

@@ -4,8 +4,9 @@
 // one mma.sync at a time, whatever the tile shape, the pass's row count or where the row sits
 // in its tile, so a row's result never depends on the rows beside it: the property every
 // matmul of the backend keeps (batch invariance, chunking invariance). Its bits are not the
-// int8 kernels' (mmv.cu, mmt.cu), so the backend gives it the rows of one class only, prompt
-// tokens, and every generated token's row to the int8 kernels (crates/backend: `Rows`).
+// int8 kernels' (mmv.cu, mmt.cu), so it is meant for the rows of one class only, prompt
+// tokens, every generated token's row staying on the int8 kernels (README, "Prefill through an
+// f16 GEMM"; the backend does not launch it yet).
 //
 // out[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]): x is the pass's activations (f16, rows of
 // k), w the dequantized weight rows (f16, rows of k), out f32 rows of n, as the backend lays
@@ -45,7 +46,8 @@ constexpr int GEMM_LD = GEMM_BK + 8;
 // The stages of cp.async in flight for a tile: as many as fit the 48 KiB of static shared
 // memory a block may have without asking the driver for more, at most four.
 template <int BM, int BN> __host__ __device__ constexpr int gemm_stages() {
-    return 49152 / ((BM + BN) * GEMM_LD * 2) < 4 ? 49152 / ((BM + BN) * GEMM_LD * 2) : 4;
+    const int fit = 49152 / ((BM + BN) * GEMM_LD * 2);
+    return fit < 4 ? fit : 4;
 }
 
 static __device__ __forceinline__ void cp_async16(void *smem, const void *global, bool valid) {

@@ -23,19 +23,23 @@ struct Shape {
     int rows, cols, per_pass;
 };
 
-// The tile shapes measured: (activation rows, weight rows) a block.
-constexpr int TILES[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
+using GemmKernel = void (*)(const __half *, const __half *, const float *, int, int, int,
+                           float *);
+// The tile shapes measured, (activation rows, weight rows) a block: gemm.cu's instances.
+struct Tile {
+    int rows, weight_rows;
+    GemmKernel kernel;
+};
+constexpr Tile TILES[] = {{64, 64, gemm_f16_64x64},
+                          {64, 128, gemm_f16_64x128},
+                          {128, 64, gemm_f16_128x64},
+                          {128, 128, gemm_f16_128x128}};
 constexpr int TILE_COUNT = 4;
 
 static void gemm(int tile, const __half *x, const __half *w, int m, int n, int k, float *out) {
-    const int blocks = (m + TILES[tile][0] - 1) / TILES[tile][0] *
-                       ((n + TILES[tile][1] - 1) / TILES[tile][1]);
-    switch (tile) {
-    case 0: gemm_f16_64x64<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
-    case 1: gemm_f16_64x128<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
-    case 2: gemm_f16_128x64<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
-    default: gemm_f16_128x128<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out); break;
-    }
+    const Tile &t = TILES[tile];
+    const int blocks = (m + t.rows - 1) / t.rows * ((n + t.weight_rows - 1) / t.weight_rows);
+    t.kernel<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out);
 }
 
 int main() {
@@ -49,7 +53,7 @@ int main() {
     std::mt19937 rng(7);
     bool ok = true;
     printf("%-8s %6s %11s", "matrix", "tokens", "dequant us");
-    for (const auto &t : TILES) printf(" %4dx%-3d us", t[0], t[1]);
+    for (const Tile &t : TILES) printf(" %4dx%-3d us", t.rows, t.weight_rows);
     printf(" %8s | worst error: f16 operands, exact operands\n", "TFLOP/s");
     for (const Shape &s : shapes) {
         const size_t row_bytes = s.cols / 256 * 144, bytes = row_bytes * s.rows;
@@ -115,8 +119,8 @@ int main() {
                                (size_t)m * s.rows * 4) != 0) {
                         printf("%s: rows %d..%d of a pass of %d (tiles of %dx%d) differ from "
                                "the same rows of %d\n",
-                               s.name, first, first + m, m, TILES[tile][0], TILES[tile][1],
-                               max_tokens);
+                               s.name, first, first + m, m, TILES[tile].rows,
+                               TILES[tile].weight_rows, max_tokens);
                         ok = false;
                     }
                 }
@@ -155,7 +159,8 @@ int main() {
     for (int i = 0; i < 3; i++) {
         printf("a pass of %d rows, GEMMs:", token_counts[i]);
         for (int tile = 0; tile < TILE_COUNT; tile++) {
-            printf(" %.2f ms (%dx%d)", pass_us[i][tile] / 1e3, TILES[tile][0], TILES[tile][1]);
+            printf(" %.2f ms (%dx%d)", pass_us[i][tile] / 1e3, TILES[tile].rows,
+                   TILES[tile].weight_rows);
         }
         printf(", the best tile per matrix %.2f ms: at most %.0f tok/s from the matmuls\n",
                best_pass_us[i] / 1e3, token_counts[i] / (best_pass_us[i] * 1e-6));
