@@ -1,6 +1,7 @@
-// The instances of gemm.cuh the backend is to launch (it does not yet: README, "The GEMM as a
-// kernel family"): a dequantizer to f16 per format, the f32 to f16 conversion of activation
-// rows, and the GEMM for each tile shape, which tests/cuda/gemm/bench.cu times.
+// The instances of gemm.cuh the backend launches for prompt rows where the host profile asks for
+// it (`prompt_gemm`): a dequantizer to f16 per format (run once per matrix, when it loads), the
+// f32 to f16 conversion of activation rows, and the GEMM for each tile shape, which
+// tests/cuda/gemm/bench.cu times.
 
 #include "gemm.cuh"
 

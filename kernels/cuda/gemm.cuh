@@ -6,7 +6,7 @@
 // matmul of the backend keeps (batch invariance, chunking invariance). Its bits are not the
 // int8 kernels' (mmv.cu, mmt.cu), so it is meant for the rows of one class only, prompt
 // tokens, every generated token's row staying on the int8 kernels (README, "Prefill through an
-// f16 GEMM"; the backend does not launch it yet).
+// f16 GEMM"; the backend launches it where the host profile's `prompt_gemm` asks for it).
 //
 // out[m][n] = sum_k x[m][k] * w[n][k] (+ bias[n]): x is the pass's activations (f16, rows of
 // k), w the dequantized weight rows (f16, rows of k), out f32 rows of n, as the backend lays

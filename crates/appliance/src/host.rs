@@ -136,6 +136,10 @@ pub struct KernelTuning {
     /// (off) on chips without it (HIP).
     #[serde(default)]
     pub streamed_matmul: Option<bool>,
+    /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM over f16 copies of
+    /// the layers' matrices; absent (off) on chips without it (HIP).
+    #[serde(default)]
+    pub prompt_gemm: Option<bool>,
 }
 
 /// A target model and what drafts for it.
@@ -591,7 +595,7 @@ mod tests {
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
     const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\nmmq_rows = 3\n\
-         streamed_matmul = true\n";
+         streamed_matmul = true\nprompt_gemm = true\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
         drafter = \"qwen2.5-coder-0.5b-instruct-q4_k_m\"\ndefault = true\n\
         verified = { status = \"unmeasured\" }\n";
@@ -660,6 +664,7 @@ mod tests {
                 matvec_loop_rows: 4,
                 mmq_rows: Some(3),
                 streamed_matmul: Some(true),
+                prompt_gemm: Some(true),
             })
         );
     }

@@ -146,6 +146,8 @@ pub struct PassShape {
     pub tokens: usize,
     /// Tokens whose logits are kept.
     pub logits: usize,
+    /// The leading tokens that are prompt tokens ([`RaggedBatch::prompt_tokens`]).
+    pub prompt: usize,
     /// What else the backend's launches depend on in the batch, as
     /// [`Backend::set_batch`] returned it.
     pub variant: u32,
@@ -162,6 +164,28 @@ pub struct AttentionShape {
     pub head_dim: usize,
     /// The factor applied to `q . k`, usually `1 / sqrt(head_dim)`.
     pub scale: f32,
+}
+
+/// The activation rows a matmul multiplies: the first `total` of its input, of which the first
+/// `prompt` are prompt tokens' ([`RaggedBatch::prompt_tokens`]).
+///
+/// A backend may multiply prompt rows another way than the others, with other rounding (the
+/// GPU's f16 GEMM, where its host profile's `prompt_gemm` asks for it): each way gives a row
+/// the same bits in any pass, so a token's results depend on its role, never on its batch or
+/// on how its prompt was cut into passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rows {
+    /// Rows multiplied.
+    pub total: usize,
+    /// The leading ones that are prompt tokens' (at most `total`).
+    pub prompt: usize,
+}
+
+impl Rows {
+    /// `total` rows, none of them a prompt token's (logits rows, decode steps).
+    pub fn generated(total: usize) -> Self {
+        Self { total, prompt: 0 }
+    }
 }
 
 /// One product of [`Backend::matmuls`]: `out = x . matrix^T (+ bias)`.
@@ -221,12 +245,15 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Makes the 2-D tensor `name` of `file` a matrix on the device, whose matmuls quantize
     /// their activations at `precision` (one of [`ACTIVATION_PRECISIONS`](Self::ACTIVATION_PRECISIONS),
-    /// else [`Error::UnsupportedPrecision`]).
+    /// else [`Error::UnsupportedPrecision`]). `prompt_rows` says whether its matmuls are given
+    /// prompt rows ([`Rows::prompt`]): a backend that multiplies them another way keeps what
+    /// that needs (the GPU: an f16 copy) for such matrices only.
     fn load_matrix(
         &self,
         file: &Arc<GgufFile>,
         name: &str,
         precision: ActivationPrecision,
+        prompt_rows: bool,
     ) -> Result<Self::Matrix, Error>;
     /// Makes the 1-D tensor `name` of `file` an f32 vector on the device.
     fn load_vector(&self, file: &Arc<GgufFile>, name: &str) -> Result<Self::Vector, Error>;
@@ -273,6 +300,13 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(), Error>
     where
         F: FnOnce(&mut Self::KvCache) -> Result<(), Error>;
+
+    /// Whether prompt rows get other arithmetic than the others ([`Rows`]): where they do, a
+    /// position's KV depends on its token's role, which the engine then keeps whenever it
+    /// computes a position again or shares it between sequences.
+    fn prompt_rows_differ(&self) -> bool {
+        false
+    }
 
     /// How many passes [`run_pass`](Backend::run_pass) has recorded so far. A pass that
     /// recorded took longer than its replays will, so callers that time passes to choose what
@@ -328,13 +362,13 @@ pub trait Backend: Send + Sync + 'static {
         eps: f32,
         rows: usize,
     ) -> Result<(), Error>;
-    /// `out = x . matrix^T (+ bias)` for `rows` rows.
+    /// `out = x . matrix^T (+ bias)` for `rows.total` rows.
     fn matmul(
         &self,
         matrix: &Self::Matrix,
         bias: Option<&Self::Vector>,
         x: &Self::Activations,
-        rows: usize,
+        rows: Rows,
         out: &mut Self::Activations,
     ) -> Result<(), Error>;
     /// [`matmul`](Backend::matmul) of each projection with the same `x`: a layer's q, k and v,
@@ -342,7 +376,7 @@ pub trait Backend: Send + Sync + 'static {
     fn matmuls(
         &self,
         x: &Self::Activations,
-        rows: usize,
+        rows: Rows,
         projections: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
         for p in projections {

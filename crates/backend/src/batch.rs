@@ -13,12 +13,29 @@ use crate::{Error, KvLayout};
 /// [`clear`](Self::clear), so a reused batch does not allocate in the decode loop.
 #[derive(Clone, Debug, Default)]
 pub struct RaggedBatch {
+    /// The leading tokens pushed as [`TokenRole::Prompt`].
+    prompt_tokens: usize,
+    /// The first prompt token pushed after a generated one, which [`validate`](Self::validate)
+    /// refuses.
+    misplaced_prompt: Option<usize>,
     pub(crate) tokens: Vec<u32>,
     pub(crate) positions: Vec<u32>,
     pub(crate) token_seq: Vec<u32>,
     pub(crate) seqs: Vec<BatchSequence>,
     pub(crate) block_ids: Vec<u32>,
     pub(crate) logits_rows: Vec<u32>,
+}
+
+/// What a token of a batch is to its sequence. A backend may multiply prompt tokens' rows
+/// another way than the others ([`Rows`](crate::Rows)), so a batch holds its prompt tokens
+/// first, and a token keeps its role whenever it is computed again (a recomputed sequence, a
+/// cached prefix).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenRole {
+    /// A token of the request's prompt.
+    Prompt,
+    /// A generated token: a decode step's, a draft's, a verify step's.
+    Generated,
 }
 
 /// A sequence's KV view within a batch.
@@ -38,6 +55,8 @@ impl RaggedBatch {
 
     /// Makes this batch a copy of `other`, reusing this batch's allocations.
     pub fn copy_from(&mut self, other: &RaggedBatch) {
+        self.prompt_tokens = other.prompt_tokens;
+        self.misplaced_prompt = other.misplaced_prompt;
         self.tokens.clone_from(&other.tokens);
         self.positions.clone_from(&other.positions);
         self.token_seq.clone_from(&other.token_seq);
@@ -48,6 +67,8 @@ impl RaggedBatch {
 
     /// Empties the batch, keeping its allocations.
     pub fn clear(&mut self) {
+        self.prompt_tokens = 0;
+        self.misplaced_prompt = None;
         self.tokens.clear();
         self.positions.clear();
         self.token_seq.clear();
@@ -67,8 +88,23 @@ impl RaggedBatch {
         self.seqs.len() - 1
     }
 
-    /// Adds a token of sequence `seq` at `position`; `wants_logits` asks for its logits row.
-    pub fn push_token(&mut self, seq: usize, token: u32, position: u32, wants_logits: bool) {
+    /// Adds a token of sequence `seq` at `position` in `role`; `wants_logits` asks for its
+    /// logits row. Prompt tokens come before every generated token of the batch.
+    pub fn push_token(
+        &mut self,
+        seq: usize,
+        token: u32,
+        position: u32,
+        role: TokenRole,
+        wants_logits: bool,
+    ) {
+        if role == TokenRole::Prompt {
+            if self.prompt_tokens == self.tokens.len() {
+                self.prompt_tokens += 1;
+            } else {
+                self.misplaced_prompt.get_or_insert(self.tokens.len());
+            }
+        }
         if wants_logits {
             self.logits_rows.push(self.tokens.len() as u32);
         }
@@ -97,6 +133,11 @@ impl RaggedBatch {
         &self.positions
     }
 
+    /// How many tokens, all before the others, are prompt tokens.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
     /// The number of sequences.
     pub fn sequences(&self) -> usize {
         self.seqs.len()
@@ -120,8 +161,8 @@ impl RaggedBatch {
     }
 
     /// Checks that every token has a valid sequence, a token id below `vocab`, and a position
-    /// whose KV slot lies inside its sequence's block table and below `max_positions`, and that
-    /// every block id is below `n_blocks`.
+    /// whose KV slot lies inside its sequence's block table and below `max_positions`, that
+    /// every block id is below `n_blocks`, and that no prompt token follows a generated one.
     pub fn validate(
         &self,
         vocab: usize,
@@ -129,6 +170,11 @@ impl RaggedBatch {
         n_blocks: usize,
         max_positions: usize,
     ) -> Result<(), Error> {
+        if let Some(i) = self.misplaced_prompt {
+            return Err(Error::Batch(format!(
+                "token {i}: a prompt token after a generated one (prompt tokens come first)"
+            )));
+        }
         if let Some(&b) = self.block_ids.iter().find(|&&b| b as usize >= n_blocks) {
             return Err(Error::Batch(format!(
                 "block id {b} is not below the pool size {n_blocks}"
@@ -204,4 +250,36 @@ pub(crate) fn slot_of(batch: &RaggedBatch, layout: &KvLayout, t: usize) -> usize
     let block =
         batch.block_table(batch.token_seqs()[t] as usize)[pos / layout.block_tokens] as usize;
     block * layout.block_tokens + pos % layout.block_tokens
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_tokens_come_first_and_a_late_one_is_refused() {
+        let mut batch = RaggedBatch::new();
+        let a = batch.push_sequence(&[0]);
+        let b = batch.push_sequence(&[1]);
+        batch.push_token(a, 1, 0, TokenRole::Prompt, false);
+        batch.push_token(b, 2, 0, TokenRole::Prompt, false);
+        batch.push_token(a, 3, 1, TokenRole::Generated, true);
+        assert_eq!(batch.prompt_tokens(), 2);
+        batch.validate(10, 16, 2, 64).unwrap();
+        batch.push_token(b, 4, 1, TokenRole::Prompt, true);
+        assert_eq!(batch.prompt_tokens(), 2);
+        assert_eq!(
+            batch.validate(10, 16, 2, 64).unwrap_err().to_string(),
+            "batch: token 3: a prompt token after a generated one (prompt tokens come \
+             first)"
+        );
+        let mut copy = RaggedBatch::new();
+        copy.copy_from(&batch);
+        assert!(copy.validate(10, 16, 2, 64).is_err());
+        batch.clear();
+        let c = batch.push_sequence(&[0]);
+        batch.push_token(c, 1, 0, TokenRole::Generated, true);
+        assert_eq!(batch.prompt_tokens(), 0);
+        batch.validate(10, 16, 2, 64).unwrap();
+    }
 }

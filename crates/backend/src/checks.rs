@@ -6,7 +6,7 @@
 use lucebox_gguf::{GgufFile, TensorView};
 
 use crate::batch::check_kv_positions;
-use crate::{AttentionShape, BatchCapacity, Error, KvLayout, RaggedBatch};
+use crate::{AttentionShape, BatchCapacity, Error, KvLayout, RaggedBatch, Rows};
 
 /// An activation buffer's shape: rows of capacity, and columns.
 #[derive(Clone, Copy, Debug)]
@@ -112,14 +112,20 @@ pub(crate) fn rms_norm_heads(n: usize, x: Dims, head_dim: usize) -> Result<(), E
 
 /// `matrix` is (rows, cols) of the weights.
 pub(crate) fn matmul(
-    n: usize,
+    n: Rows,
     matrix: (usize, usize),
     bias: Option<usize>,
     x: Dims,
     out: Dims,
 ) -> Result<(), Error> {
-    rows("matmul", n, x.rows)?;
-    rows("matmul", n, out.rows)?;
+    if n.prompt > n.total {
+        return Err(Error::Shape {
+            op: "matmul",
+            detail: format!("{} prompt rows of {} rows", n.prompt, n.total),
+        });
+    }
+    rows("matmul", n.total, x.rows)?;
+    rows("matmul", n.total, out.rows)?;
     cols("matmul", "input", x.cols, matrix.1)?;
     cols("matmul", "output", out.cols, matrix.0)?;
     if let Some(len) = bias {

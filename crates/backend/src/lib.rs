@@ -31,9 +31,9 @@ mod tuning;
 
 pub use backend::{
     AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Projection, Rope, RopeStyle,
-    RowSampling, argmax,
+    RowSampling, Rows, argmax,
 };
-pub use batch::RaggedBatch;
+pub use batch::{RaggedBatch, TokenRole};
 pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};
 #[cfg(feature = "cuda")]
 pub use cuda::{Cuda, CudaBackend};

@@ -32,6 +32,14 @@ pub struct GpuTuning {
     /// move within rounding against the matvec, and a pass of several tokens costs little more
     /// than one.
     pub streamed_matmul: bool,
+    /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM (CUDA, sm_80 and
+    /// later: `kernels/cuda/gemm.cu`) over f16 copies of the layers' matrices made when they
+    /// load, the other rows through the kernels above. Each way gives a row the same bits in
+    /// any pass, so a token's results depend on its role, not its batch; the prompt's rows
+    /// move within rounding against the int8 kernels. The copies take two bytes a weight (2.6
+    /// GB for the 1.5B's layers), and a 512-token prompt's matmuls 2.6x less time on an H100
+    /// (README, "The prefill matmul's two routes").
+    pub prompt_gemm: bool,
 }
 
 impl GpuTuning {
@@ -51,13 +59,15 @@ impl GpuTuning {
     /// instances; the tensor-core matmul decodes 6 sequences as fast as that loop, 8 and 16
     /// sequences 20% and 70% faster, 2 and 4 sequences 45% and 19% slower. The streamed matmul
     /// stays off here, where the GPU tests take the matvec as their reference, and a single
-    /// stream decodes 6% faster without it; the CUDA host profiles turn it on.
+    /// stream decodes 6% faster without it; the CUDA host profiles turn it on. The GEMM of
+    /// prompt rows stays off: its f16 copies take about four times the memory of Q4_K weights.
     pub const DEFAULT: GpuTuning = GpuTuning {
         matvec_warps: 4,
         attention_warps: 16,
         matvec_loop_rows: 16,
         mmq_rows: 6,
         streamed_matmul: false,
+        prompt_gemm: false,
     };
 
     /// Fails when a value is out of the kernels' range.

@@ -45,7 +45,7 @@ fn measure(model: Arc<Model<CpuBackend>>) -> Result<(), Box<dyn std::error::Erro
         },
     )?;
     let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| 100 + i % 1000).collect();
-    session.feed(&prompt)?;
+    session.feed_prompt(&prompt)?;
     let mut plain = 0.0;
     println!("{:>7} {:>10} {:>14}", "tokens", "ms/pass", "x plain step");
     for n in 1..=LONGEST {

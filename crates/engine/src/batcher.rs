@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lucebox_backend::{Backend, BatchCapacity, RowSampling};
+use lucebox_backend::{Backend, BatchCapacity, RowSampling, TokenRole};
 use lucebox_model::Model;
 
 use crate::forward_state::ForwardState;
@@ -178,6 +178,25 @@ impl Sequence {
     fn unfed(&self) -> usize {
         self.tokens.len() - self.blocks.len()
     }
+
+    /// How many of `count` unfed tokens one pass feeds: never prompt tokens and generated ones
+    /// together (a recomputed sequence's pass ends with its prompt), since a pass holds its
+    /// prompt tokens first and a backend may give their rows other arithmetic.
+    fn chunk(&self, count: usize) -> usize {
+        match self.prompt_tokens.checked_sub(self.blocks.len()) {
+            Some(prompt_left) if prompt_left > 0 => count.min(prompt_left),
+            _ => count,
+        }
+    }
+
+    /// The role of the token at `position`.
+    fn role(&self, position: usize) -> TokenRole {
+        if position < self.prompt_tokens {
+            TokenRole::Prompt
+        } else {
+            TokenRole::Generated
+        }
+    }
 }
 
 /// What a step does for one running sequence.
@@ -301,7 +320,11 @@ impl<B: Backend> Batcher<B> {
         let logits_rows = (config.max_sequences * (longest_draft + 1)).min(config.step_tokens);
         let state = ForwardState::new(
             &model,
-            BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
+            BlockPool::with_prefix_cache(
+                config.kv_blocks,
+                config.block_tokens,
+                model.backend().prompt_rows_differ(),
+            ),
             BatchCapacity {
                 tokens: config.step_tokens,
                 sequences: config.max_sequences,
@@ -377,7 +400,7 @@ impl<B: Backend> Batcher<B> {
         while index < self.running.len() {
             let seq = &self.running[index];
             let unfed = seq.unfed();
-            let count = if unfed == 1 { 1 } else { unfed.min(budget) };
+            let count = seq.chunk(if unfed == 1 { 1 } else { unfed.min(budget) });
             if count == 0 {
                 index += 1;
                 continue;
@@ -638,9 +661,11 @@ impl<B: Backend> Batcher<B> {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            let shared = seq
-                .blocks
-                .share_cached_prefix(&mut self.state.pool, &seq.tokens);
+            let shared = seq.blocks.share_cached_prefix(
+                &mut self.state.pool,
+                &seq.tokens,
+                seq.prompt_tokens,
+            );
             let needed =
                 seq.tokens.len().div_ceil(self.config.block_tokens) - seq.blocks.table().len();
             if needed > self.state.pool.free_blocks() {
@@ -652,7 +677,7 @@ impl<B: Backend> Batcher<B> {
                 seq.reused = Some(shared);
                 seq.first_scheduled = Some(Instant::now());
             }
-            let count = seq.unfed().min(budget);
+            let count = seq.chunk(seq.unfed().min(budget));
             let reserved = seq.blocks.reserve(&mut self.state.pool, count);
             assert!(reserved, "checked against the free blocks");
             budget -= count;
@@ -683,9 +708,10 @@ impl<B: Backend> Batcher<B> {
                     Some(_) => (seq.tokens[p.start], true),
                     None => (seq.tokens[p.start + j], p.scored && j + 1 == p.count),
                 };
+                let position = p.start + j;
                 self.state
                     .batch
-                    .push_token(s, token, (p.start + j) as u32, scored);
+                    .push_token(s, token, position as u32, seq.role(position), scored);
             }
         }
         self.state.forward(&self.model)?;
@@ -877,9 +903,10 @@ impl<B: Backend> Batcher<B> {
                 }
             }
             seq.blocks
-                .cache_full_blocks(&mut self.state.pool, &seq.tokens);
+                .cache_full_blocks(&mut self.state.pool, &seq.tokens, seq.prompt_tokens);
         }
-        // The plan is in index order: the highest first, so the lower ones stay valid.
+        // The highest index first, so that the lower ones stay valid.
+        finished.sort_unstable_by_key(|&(index, _)| index);
         for (index, stop) in finished.into_iter().rev() {
             let seq = self.running.remove(index);
             events.push(self.retire(seq, stop));
@@ -994,6 +1021,11 @@ where
             return Ok(());
         }
         self.plan_drafts(budget)?;
+        // A pass holds its prompt tokens first (`RaggedBatch`); drafting entries keep their
+        // order, which the drafts' bookkeeping follows.
+        let running = &self.running;
+        self.plan
+            .sort_by_key(|p| running[p.index].role(p.start) == TokenRole::Generated);
         let started = Instant::now();
         let before_pass = self.model.backend().passes_recorded();
         self.forward()?;

@@ -5,17 +5,23 @@
 //! never written again and no copy-on-write is needed: a sequence that diverges from a cached
 //! prefix writes its first differing position into a block of its own. (vLLM's V1 block
 //! manager makes the same choice.) A cached block is found by its exact content and its
-//! parent's identity, never by a hash alone, so two prefixes can never be confused.
+//! parent's identity, never by a hash alone, so two prefixes can never be confused. Where the
+//! backend gives prompt tokens' rows other arithmetic than generated ones'
+//! (`Backend::prompt_rows_differ`), a block is also found by how many of its positions are
+//! prompt tokens: a later prompt that contains an earlier request's output computes those
+//! positions again as prompt tokens, as a fresh server would.
 
 use std::collections::{BTreeMap, HashMap};
 
 /// The identity of a full block's content: the block before it (id and the generation of
-/// that id, which changes whenever the block is reused) and its own tokens. Equal keys mean
-/// equal token prefixes, hence equal KV.
+/// that id, which changes whenever the block is reused), its own tokens and, where the pool
+/// keys roles, how many of them are prompt tokens. Equal keys mean equal token prefixes
+/// computed alike, hence equal KV.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct BlockKey {
     parent: Option<(u32, u64)>,
     tokens: Box<[u32]>,
+    prompt: usize,
 }
 
 /// Positions per KV block unless a caller chooses otherwise: vLLM's default, small enough that
@@ -35,6 +41,8 @@ struct PrefixCache {
     idle: BTreeMap<u64, u32>,
     idle_since: Vec<u64>,
     clock: u64,
+    /// Whether keys count a block's prompt tokens.
+    roles: bool,
 }
 
 /// A pool of fixed-size KV blocks: which are free, how many sequences hold each, and
@@ -63,13 +71,16 @@ impl BlockPool {
     }
 
     /// A pool that keeps full blocks for reuse by later sequences with the same prefix, and
-    /// evicts them least recently used first when it runs out of free blocks.
-    pub fn with_prefix_cache(blocks: usize, block_tokens: usize) -> Self {
+    /// evicts them least recently used first when it runs out of free blocks. With `roles`, a
+    /// block is shared only where its prompt tokens are the same many (for a backend whose
+    /// prompt rows get other arithmetic).
+    pub fn with_prefix_cache(blocks: usize, block_tokens: usize, roles: bool) -> Self {
         Self {
             cache: Some(PrefixCache {
                 keys: vec![None; blocks],
                 generation: vec![0; blocks],
                 idle_since: vec![0; blocks],
+                roles,
                 ..PrefixCache::default()
             }),
             ..Self::new(blocks, block_tokens)
@@ -140,11 +151,20 @@ impl BlockPool {
 }
 
 impl PrefixCache {
-    /// The key of the block after `parent` holding `tokens`.
-    fn key(&self, parent: Option<u32>, tokens: &[u32]) -> BlockKey {
+    /// The key of block `i` of a sequence, after `parent`, holding `tokens`, when the
+    /// sequence's first `prompt_tokens` tokens are its prompt.
+    fn key(&self, parent: Option<u32>, i: usize, tokens: &[u32], prompt_tokens: usize) -> BlockKey {
+        let prompt = if self.roles {
+            prompt_tokens
+                .saturating_sub(i * tokens.len())
+                .min(tokens.len())
+        } else {
+            0
+        };
         BlockKey {
             parent: parent.map(|p| (p, self.generation[p as usize])),
             tokens: tokens.into(),
+            prompt,
         }
     }
 }
@@ -230,18 +250,25 @@ impl SequenceBlocks {
         self.truncate(pool, 0);
     }
 
-    /// Starts an empty sequence that will hold `tokens` with the longest cached prefix of
-    /// them, in whole blocks, and returns how many positions that prefix fills. The last token
-    /// is never taken from the cache: it must be fed for its logits.
-    pub fn share_cached_prefix(&mut self, pool: &mut BlockPool, tokens: &[u32]) -> usize {
+    /// Starts an empty sequence that will hold `tokens`, the first `prompt_tokens` of them its
+    /// prompt, with the longest cached prefix of them, in whole blocks, and returns how many
+    /// positions that prefix fills. The last token is never taken from the cache: it must be
+    /// fed for its logits.
+    pub fn share_cached_prefix(
+        &mut self,
+        pool: &mut BlockPool,
+        tokens: &[u32],
+        prompt_tokens: usize,
+    ) -> usize {
         assert!(self.table.is_empty(), "sharing into a non-empty sequence");
         let mut parent = None;
-        for block_tokens in tokens[..tokens.len().saturating_sub(1)].chunks_exact(pool.block_tokens)
-        {
+        let blocks = tokens[..tokens.len().saturating_sub(1)].chunks_exact(pool.block_tokens);
+        for (i, block_tokens) in blocks.enumerate() {
             let Some(cache) = &pool.cache else {
                 break;
             };
-            let Some(&block) = cache.index.get(&cache.key(parent, block_tokens)) else {
+            let key = cache.key(parent, i, block_tokens, prompt_tokens);
+            let Some(&block) = cache.index.get(&key) else {
                 break;
             };
             pool.hold(block);
@@ -254,11 +281,17 @@ impl SequenceBlocks {
     }
 
     /// Registers with the prefix cache every full block of the filled positions (whose tokens
-    /// are `tokens`) not registered yet. Those positions become final: they must never be
-    /// truncated while the sequence holds them. A block whose content another block already
-    /// caches is swapped for that one, its own returned to the pool: equal prefixes have
-    /// bitwise equal KV, the kernels being deterministic.
-    pub fn cache_full_blocks(&mut self, pool: &mut BlockPool, tokens: &[u32]) {
+    /// are `tokens`, the first `prompt_tokens` of them the prompt) not registered yet. Those
+    /// positions become final: they must never be truncated while the sequence holds them. A
+    /// block whose content another block already caches is swapped for that one, its own
+    /// returned to the pool: equal prefixes computed alike have bitwise equal KV, the kernels
+    /// being deterministic.
+    pub fn cache_full_blocks(
+        &mut self,
+        pool: &mut BlockPool,
+        tokens: &[u32],
+        prompt_tokens: usize,
+    ) {
         let bt = pool.block_tokens;
         while self.cached < self.len / bt {
             let i = self.cached;
@@ -266,7 +299,7 @@ impl SequenceBlocks {
             let Some(cache) = &mut pool.cache else {
                 return;
             };
-            let key = cache.key(parent, &tokens[i * bt..(i + 1) * bt]);
+            let key = cache.key(parent, i, &tokens[i * bt..(i + 1) * bt], prompt_tokens);
             match cache.index.get(&key) {
                 Some(&cached) => {
                     let own = std::mem::replace(&mut self.table[i], cached);
@@ -311,35 +344,35 @@ mod tests {
     /// Fills a sequence with `tokens` as the engine would, registering its full blocks.
     fn fill(pool: &mut BlockPool, tokens: &[u32]) -> SequenceBlocks {
         let mut seq = SequenceBlocks::new();
-        let shared = seq.share_cached_prefix(pool, tokens);
+        let shared = seq.share_cached_prefix(pool, tokens, tokens.len());
         assert!(seq.reserve(pool, tokens.len() - shared));
         seq.advance(pool, tokens.len() - shared);
-        seq.cache_full_blocks(pool, tokens);
+        seq.cache_full_blocks(pool, tokens, tokens.len());
         seq
     }
 
     #[test]
     fn a_cached_prefix_is_shared_by_whole_blocks_and_never_its_last_token() {
-        let mut pool = BlockPool::with_prefix_cache(8, 4);
+        let mut pool = BlockPool::with_prefix_cache(8, 4, false);
         let prompt: Vec<u32> = (0..10).collect();
         let mut a = fill(&mut pool, &prompt);
         assert_eq!(a.table().len(), 3);
 
         // The same prompt shares the 2 full blocks, while `a` still holds them.
         let mut b = SequenceBlocks::new();
-        assert_eq!(b.share_cached_prefix(&mut pool, &prompt), 8);
+        assert_eq!(b.share_cached_prefix(&mut pool, &prompt, prompt.len()), 8);
         assert_eq!(b.table(), &a.table()[..2]);
 
         // Exactly 8 tokens: the second block holds the last token, which must be fed.
         let mut c = SequenceBlocks::new();
-        assert_eq!(c.share_cached_prefix(&mut pool, &prompt[..8]), 4);
+        assert_eq!(c.share_cached_prefix(&mut pool, &prompt[..8], 8), 4);
 
         // A prompt differing in its first block shares nothing, even with the same later
         // blocks: the key names the parent.
         let mut other = prompt.clone();
         other[0] = 99;
         let mut d = SequenceBlocks::new();
-        assert_eq!(d.share_cached_prefix(&mut pool, &other), 0);
+        assert_eq!(d.share_cached_prefix(&mut pool, &other, other.len()), 0);
 
         for seq in [&mut a, &mut b, &mut c, &mut d] {
             seq.release(&mut pool);
@@ -349,7 +382,7 @@ mod tests {
 
     #[test]
     fn cached_blocks_outlive_their_sequence_until_evicted_least_recently_used_first() {
-        let mut pool = BlockPool::with_prefix_cache(4, 2);
+        let mut pool = BlockPool::with_prefix_cache(4, 2, false);
         let old: Vec<u32> = vec![1, 2, 3, 4, 5];
         let new: Vec<u32> = vec![7, 8, 9, 10, 11];
         let mut a = fill(&mut pool, &old);
@@ -358,14 +391,18 @@ mod tests {
         b.release(&mut pool);
         // 4 blocks, 2 full blocks cached per prompt: the newer prompt's are found.
         let mut probe = SequenceBlocks::new();
-        assert_eq!(probe.share_cached_prefix(&mut pool, &new), 4);
+        assert_eq!(probe.share_cached_prefix(&mut pool, &new, new.len()), 4);
         // A sequence needing every other block evicts the older prompt's blocks.
         let mut big = SequenceBlocks::new();
         assert!(big.reserve(&mut pool, 4));
         assert!(!big.reserve(&mut pool, 5), "the shared blocks are held");
         big.release(&mut pool);
         let mut again = SequenceBlocks::new();
-        assert_eq!(again.share_cached_prefix(&mut pool, &old), 0, "evicted");
+        assert_eq!(
+            again.share_cached_prefix(&mut pool, &old, old.len()),
+            0,
+            "evicted"
+        );
         again.release(&mut pool);
         probe.release(&mut pool);
         assert_eq!(pool.free_blocks(), 4);
@@ -373,7 +410,7 @@ mod tests {
 
     #[test]
     fn eviction_goes_tail_first_and_an_evicted_parent_hides_its_children() {
-        let mut pool = BlockPool::with_prefix_cache(3, 2);
+        let mut pool = BlockPool::with_prefix_cache(3, 2, false);
         let prompt = [1, 2, 3, 4, 5];
         let mut a = fill(&mut pool, &prompt);
         let (parent, child) = (a.table()[0], a.table()[1]);
@@ -385,12 +422,12 @@ mod tests {
         assert!(b.reserve(&mut pool, 6));
         b.release(&mut pool);
         let mut c = SequenceBlocks::new();
-        assert_eq!(c.share_cached_prefix(&mut pool, &prompt), 0);
+        assert_eq!(c.share_cached_prefix(&mut pool, &prompt, prompt.len()), 0);
     }
 
     #[test]
     fn a_block_whose_content_is_cached_already_is_swapped_for_the_cached_one() {
-        let mut pool = BlockPool::with_prefix_cache(8, 2);
+        let mut pool = BlockPool::with_prefix_cache(8, 2, false);
         let prompt = [1, 2, 3];
         // Two sequences fill the same content side by side before either registers it.
         let mut a = SequenceBlocks::new();
@@ -400,12 +437,41 @@ mod tests {
             seq.advance(&pool, 3);
         }
         assert_eq!(pool.free_blocks(), 4);
-        a.cache_full_blocks(&mut pool, &prompt);
-        b.cache_full_blocks(&mut pool, &prompt);
+        a.cache_full_blocks(&mut pool, &prompt, prompt.len());
+        b.cache_full_blocks(&mut pool, &prompt, prompt.len());
         assert_eq!(b.table()[0], a.table()[0]);
         assert_eq!(pool.free_blocks(), 5, "b's duplicate went back to the pool");
         a.release(&mut pool);
         b.release(&mut pool);
         assert_eq!(pool.free_blocks(), 8);
+    }
+
+    #[test]
+    fn where_roles_are_keyed_only_blocks_of_as_many_prompt_tokens_are_shared() {
+        let mut pool = BlockPool::with_prefix_cache(8, 2, true);
+        // A sequence of prompt [1, 2, 3] that generated 4, 5: its second block holds a prompt
+        // token and a generated one.
+        let tokens = [1, 2, 3, 4, 5];
+        let mut a = SequenceBlocks::new();
+        assert_eq!(a.share_cached_prefix(&mut pool, &tokens[..3], 3), 0);
+        assert!(a.reserve(&mut pool, 5));
+        a.advance(&pool, 5);
+        a.cache_full_blocks(&mut pool, &tokens, 3);
+        // A later prompt of the same five tokens shares only the all-prompt first block.
+        let mut b = SequenceBlocks::new();
+        assert_eq!(b.share_cached_prefix(&mut pool, &tokens, 5), 2);
+        b.release(&mut pool);
+        // The same sequence, recomputed after a preemption, finds both.
+        let mut again = SequenceBlocks::new();
+        assert_eq!(again.share_cached_prefix(&mut pool, &tokens, 3), 4);
+        again.release(&mut pool);
+        // Without role keys, the prompt finds both.
+        let mut plain = BlockPool::with_prefix_cache(8, 2, false);
+        let mut c = SequenceBlocks::new();
+        assert!(c.reserve(&mut plain, 5));
+        c.advance(&plain, 5);
+        c.cache_full_blocks(&mut plain, &tokens, 3);
+        let mut d = SequenceBlocks::new();
+        assert_eq!(d.share_cached_prefix(&mut plain, &tokens, 5), 4);
     }
 }

@@ -2,7 +2,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lucebox_backend::{Backend, BatchCapacity, RowSampling};
+use lucebox_backend::{Backend, BatchCapacity, RowSampling, TokenRole};
 use lucebox_model::Model;
 
 use crate::forward_state::ForwardState;
@@ -86,6 +86,10 @@ pub struct Session<B: Backend> {
     state: ForwardState<B>,
     sequence: SequenceBlocks,
     tokens: Vec<u32>,
+    /// How many leading positions were fed as prompt tokens. Where the backend gives prompt
+    /// rows other arithmetic, a new prompt keeps no more of a shared prefix than these, so that
+    /// its KV is what a fresh session would compute.
+    prompt_positions: usize,
     /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
     picks: Vec<u32>,
@@ -138,6 +142,7 @@ impl<B: Backend> Session<B> {
             state,
             sequence: SequenceBlocks::new(),
             tokens: Vec::with_capacity(context),
+            prompt_positions: 0,
             logits: vec![0.0; vocab * config.scored_tokens],
             picks: vec![0; config.scored_tokens],
             requests: Vec::with_capacity(config.scored_tokens),
@@ -171,34 +176,25 @@ impl<B: Backend> Session<B> {
     pub fn truncate(&mut self, len: usize) {
         self.sequence.truncate(&mut self.state.pool, len);
         self.tokens.truncate(len);
+        self.prompt_positions = self.prompt_positions.min(len);
     }
 
-    /// Makes the sequence `tokens`, keeping the KV positions of the prefix it shares with the
-    /// current one and feeding the rest. The last token is always fed again, so its logits are
-    /// ready for [`sample`](Self::sample). A drafter following a target, or a prompt that
-    /// extends the previous one, costs only the new tokens. Returns how many positions were
-    /// kept.
+    /// Makes the sequence the prompt `tokens`, keeping the KV positions of the prefix it
+    /// shares with the current one and feeding the rest as prompt tokens. The last token is
+    /// always fed again, so its logits are ready for [`sample`](Self::sample). A prompt that
+    /// extends the previous one costs only the new tokens (where the backend gives prompt rows
+    /// other arithmetic, the previous generated tokens are fed again as prompt tokens). Returns
+    /// how many positions were kept.
     pub fn feed_reusing(&mut self, tokens: &[u32]) -> Result<usize, Error> {
-        let shared = self
+        let mut shared = self
             .shared_prefix(tokens)
             .min(tokens.len().saturating_sub(1));
+        if self.model.backend().prompt_rows_differ() {
+            shared = shared.min(self.prompt_positions);
+        }
         self.truncate(shared);
-        self.feed(&tokens[shared..])?;
+        self.feed_prompt(&tokens[shared..])?;
         Ok(shared)
-    }
-
-    /// Makes the sequence `tokens` like [`feed_reusing`](Self::feed_reusing), but feeds
-    /// nothing when `tokens` only shortens it: for bringing a cache up to date when no logits
-    /// are wanted yet.
-    pub fn follow(&mut self, tokens: &[u32]) -> Result<(), Error> {
-        let shared = self.shared_prefix(tokens);
-        self.truncate(shared);
-        self.feed(&tokens[shared..])
-    }
-
-    /// How many tokens [`follow`](Self::follow) would feed to make the sequence `tokens`.
-    pub fn unshared(&self, tokens: &[u32]) -> usize {
-        tokens.len() - self.shared_prefix(tokens)
     }
 
     /// How many leading tokens `tokens` shares with the sequence.
@@ -210,13 +206,22 @@ impl<B: Backend> Session<B> {
             .count()
     }
 
-    /// Appends `tokens` to the sequence, in chunks of at most `prefill_chunk`, and keeps the
-    /// logits of the last one for [`sample`](Self::sample).
+    /// Appends generated `tokens` to the sequence, in chunks of at most `prefill_chunk`, and
+    /// keeps the logits of the last one for [`sample`](Self::sample).
     pub fn feed(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        self.feed_as(tokens, TokenRole::Generated)
+    }
+
+    /// [`feed`](Self::feed) for prompt tokens.
+    pub fn feed_prompt(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        self.feed_as(tokens, TokenRole::Prompt)
+    }
+
+    fn feed_as(&mut self, tokens: &[u32], role: TokenRole) -> Result<(), Error> {
         // Checked for the whole input first, so a prompt that does not fit changes nothing.
         self.check_room(tokens.len())?;
         for chunk in tokens.chunks(self.config.prefill_chunk) {
-            self.forward_chunk(chunk, false)?;
+            self.forward_chunk(chunk, role, false)?;
         }
         Ok(())
     }
@@ -233,9 +238,14 @@ impl<B: Backend> Session<B> {
         Ok(())
     }
 
-    /// One forward pass over `chunk`, which must fit in the context, keeping the logits of
-    /// every token when `score_all`, else of the last one.
-    fn forward_chunk(&mut self, chunk: &[u32], score_all: bool) -> Result<(), Error> {
+    /// One forward pass over `chunk`, tokens in `role`, which must fit in the context, keeping
+    /// the logits of every token when `score_all`, else of the last one.
+    fn forward_chunk(
+        &mut self,
+        chunk: &[u32],
+        role: TokenRole,
+        score_all: bool,
+    ) -> Result<(), Error> {
         let reserved = self.sequence.reserve(&mut self.state.pool, chunk.len());
         assert!(reserved, "the pool holds the whole context");
         self.state.batch.clear();
@@ -245,10 +255,13 @@ impl<B: Backend> Session<B> {
             let scored = score_all || j + 1 == chunk.len();
             self.state
                 .batch
-                .push_token(seq, token, (start + j) as u32, scored);
+                .push_token(seq, token, (start + j) as u32, role, scored);
         }
         self.state.forward(&self.model)?;
         self.sequence.advance(&self.state.pool, chunk.len());
+        if role == TokenRole::Prompt && self.prompt_positions == self.tokens.len() {
+            self.prompt_positions += chunk.len();
+        }
         self.tokens.extend_from_slice(chunk);
         Ok(())
     }
@@ -268,7 +281,7 @@ impl<B: Backend> Session<B> {
             });
         }
         self.check_room(tokens.len())?;
-        self.forward_chunk(tokens, true)
+        self.forward_chunk(tokens, TokenRole::Generated, true)
     }
 
     /// The number of logits rows the last forward pass kept.

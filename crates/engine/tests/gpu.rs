@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use lucebox_backend::{
     ActivationPrecision, AttentionShape, Backend, BatchCapacity, CpuBackend, GpuTuning, Projection,
-    RaggedBatch, Rope, RopeStyle,
+    RaggedBatch, Rope, RopeStyle, Rows, TokenRole,
 };
 
 /// The backend under test: CUDA's when both are built.
@@ -48,6 +48,13 @@ const DRAFTER: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
 /// quantize activations in the same two 8-bit parts but sum in different orders, so they
 /// differ by rounding alone; the CPU is within 1.2e-3 of a float64 reference (tests/reference).
 const LOGITS_BOUND: f64 = 5e-3;
+
+/// [`LOGITS_BOUND`] for logits rows whose layers multiplied prompt rows through the f16 GEMM
+/// (`GpuTuning::prompt_gemm`): it rounds each weight and each activation to f16 (11 bits),
+/// where the int8 kernels take the weights exactly and the activations to about 14 bits of
+/// their group's largest. On an H100: SmolLM2 5.05e-3 (one argmax of 63 rows moved), the 0.5B
+/// 1.63e-3, the 1.5B 2.71e-3, against 1.29e-3, 4.2e-4 and 3.1e-4 through the int8 kernels.
+const PROMPT_GEMM_BOUND: f64 = 1e-2;
 
 const PROMPTS: [&str; 4] = [
     "def fibonacci(n):\n",
@@ -141,7 +148,7 @@ fn config() -> SessionConfig {
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn logits_agree_with_the_cpu_within_the_bound() {
-    for tuning in [GpuTuning::DEFAULT, STREAMED] {
+    for tuning in [GpuTuning::DEFAULT, STREAMED, PROMPT_GEMM] {
         logits_agree_with_the_cpu_within_the_bound_with(tuning);
     }
 }
@@ -150,6 +157,12 @@ fn logits_agree_with_the_cpu_within_the_bound_with(tuning: GpuTuning) {
     let gpu = tuned(tuning);
     let cpu = Arc::new(CpuBackend::new(None).unwrap());
     println!("{}", gpu.describe());
+    let bound = if tuning.prompt_gemm {
+        PROMPT_GEMM_BOUND
+    } else {
+        LOGITS_BOUND
+    };
+    let mut beyond = Vec::new();
     for name in MODELS {
         let file = open(name);
         let (on_cpu, on_gpu) = (on(&cpu, &file), on(&gpu, &file));
@@ -171,11 +184,11 @@ fn logits_agree_with_the_cpu_within_the_bound_with(tuning: GpuTuning) {
         println!(
             "{name}: {rows} rows, worst relative L2 {worst:.2e}, argmax differs in {argmax_differs}"
         );
-        assert!(
-            worst <= LOGITS_BOUND,
-            "{name}: relative L2 {worst:.2e} > {LOGITS_BOUND:e}"
-        );
+        if worst > bound {
+            beyond.push(format!("{name}: relative L2 {worst:.2e} > {bound:e}"));
+        }
     }
+    assert!(beyond.is_empty(), "{tuning:?}: {beyond:?}");
 }
 
 #[test]
@@ -242,7 +255,7 @@ const NEAR_TIE: f32 = 0.05;
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie() {
-    for tuning in [GpuTuning::DEFAULT, STREAMED] {
+    for tuning in [GpuTuning::DEFAULT, STREAMED, PROMPT_GEMM] {
         greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie_with(tuning);
     }
 }
@@ -307,9 +320,15 @@ const STREAMED: GpuTuning = GpuTuning {
     ..GpuTuning::DEFAULT
 };
 
+/// The streamed matmul, prompt rows through the f16 GEMM.
+const PROMPT_GEMM: GpuTuning = GpuTuning {
+    prompt_gemm: true,
+    ..STREAMED
+};
+
 /// The default launch shapes; verify steps and small batches through the one-row matvec;
-/// through the multi-row matvecs; and the streamed matmul.
-const TUNINGS: [GpuTuning; 4] = [
+/// through the multi-row matvecs; the streamed matmul; and prompt rows through the GEMM.
+const TUNINGS: [GpuTuning; 5] = [
     GpuTuning::DEFAULT,
     GpuTuning {
         matvec_loop_rows: 16,
@@ -322,6 +341,7 @@ const TUNINGS: [GpuTuning; 4] = [
         ..GpuTuning::DEFAULT
     },
     STREAMED,
+    PROMPT_GEMM,
 ];
 
 /// The byte offsets of the f16 scales (and minimums) in one block of each quantized format;
@@ -448,7 +468,7 @@ fn embedded(
     let mut batch = RaggedBatch::new();
     let seq = batch.push_sequence(&[0]);
     for (i, &id) in ids.iter().enumerate() {
-        batch.push_token(seq, id, i as u32, false);
+        batch.push_token(seq, id, i as u32, TokenRole::Generated, false);
     }
     let capacity = BatchCapacity {
         tokens: ids.len(),
@@ -473,7 +493,7 @@ fn table_of(gpu: &GpuBackend, rows: &[Vec<f32>]) -> <GpuBackend as Backend>::Mat
         f32_bytes(&rows.concat()),
     );
     let file = Arc::new(GgufFile::from_bytes(writer.to_bytes()).unwrap());
-    gpu.load_matrix(&file, "table", ActivationPrecision::Split)
+    gpu.load_matrix(&file, "table", ActivationPrecision::Split, false)
         .unwrap()
 }
 
@@ -542,9 +562,9 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                 .iter()
                 .map(|(_, gpu)| {
                     (
-                        gpu.load_matrix(&file, "table", ActivationPrecision::Split)
+                        gpu.load_matrix(&file, "table", ActivationPrecision::Split, false)
                             .unwrap(),
-                        gpu.load_matrix(&file, "w", ActivationPrecision::Split)
+                        gpu.load_matrix(&file, "w", ActivationPrecision::Split, false)
                             .unwrap(),
                         gpu.load_vector(&file, "bias").unwrap(),
                     )
@@ -560,7 +580,8 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                     .map(|((_, gpu), (table, w, bias))| {
                         let (_batch, x) = embedded(gpu, table, &ids, cols);
                         let mut out = gpu.activations(tokens, rows).unwrap();
-                        gpu.matmul(w, Some(bias), &x, tokens, &mut out).unwrap();
+                        gpu.matmul(w, Some(bias), &x, Rows::generated(tokens), &mut out)
+                            .unwrap();
                         let mut host = vec![0.0; tokens * rows];
                         gpu.read_rows(&out, tokens, &mut host).unwrap();
                         host
@@ -655,12 +676,12 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
         // Every part's output rows over the embedded `ids`, the parts in one launch.
         let project = |gpu: &GpuBackend, ids: &[u32]| -> Vec<Vec<f32>> {
             let table = gpu
-                .load_matrix(&file, "table", ActivationPrecision::Split)
+                .load_matrix(&file, "table", ActivationPrecision::Split, false)
                 .unwrap();
             let weights: Vec<_> = (0..parts.len())
                 .map(|i| {
                     (
-                        gpu.load_matrix(&file, &format!("w{i}"), ActivationPrecision::Split)
+                        gpu.load_matrix(&file, &format!("w{i}"), ActivationPrecision::Split, false)
                             .unwrap(),
                         gpu.load_vector(&file, &format!("b{i}")).unwrap(),
                     )
@@ -681,7 +702,8 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
                     out,
                 })
                 .collect();
-            gpu.matmuls(&x, tokens, &mut projections).unwrap();
+            gpu.matmuls(&x, Rows::generated(tokens), &mut projections)
+                .unwrap();
             parts
                 .iter()
                 .zip(&outs)

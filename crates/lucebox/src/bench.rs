@@ -216,7 +216,7 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
     for run in 0..=args.repetitions {
         session.reset();
         let started = Instant::now();
-        session.feed(&prompt)?;
+        session.feed_prompt(&prompt)?;
         session.sample(&mut sampler)?;
         let prefill = args.prompt_tokens as f64 / started.elapsed().as_secs_f64();
         let decode = decode_rate(

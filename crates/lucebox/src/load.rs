@@ -135,6 +135,12 @@ pub(crate) struct TuningArgs {
         GpuTuning::DEFAULT.streamed_matmul,
     ))]
     streamed_matmul: Option<bool>,
+    #[arg(long, value_name = "BOOL", help = format!(
+        "GPU only: prompt tokens' rows of the layers' matmuls through an f16 GEMM over f16 \
+         copies of the matrices [default: the profile's `[kernels]`, else {}]",
+        GpuTuning::DEFAULT.prompt_gemm,
+    ))]
+    prompt_gemm: Option<bool>,
 }
 
 /// The help of a tuning flag that sets `what`, `default` without a profile.
@@ -155,8 +161,12 @@ impl TuningArgs {
             .into_iter()
             .filter_map(|(flag, value)| Some((flag, value?.to_string())))
             .chain(
-                self.streamed_matmul
-                    .map(|on| ("--streamed-matmul", on.to_string())),
+                [
+                    ("--streamed-matmul", self.streamed_matmul),
+                    ("--prompt-gemm", self.prompt_gemm),
+                ]
+                .into_iter()
+                .filter_map(|(flag, on)| Some((flag, on?.to_string()))),
             )
             .flat_map(|(flag, value)| [flag.to_owned(), value])
             .collect()
@@ -176,11 +186,13 @@ impl TuningArgs {
             self.mmq_rows,
         ];
         if device == Device::Cpu
-            && (flags.iter().any(Option::is_some) || self.streamed_matmul.is_some())
+            && (flags.iter().any(Option::is_some)
+                || self.streamed_matmul.is_some()
+                || self.prompt_gemm.is_some())
         {
             bail!(
-                "--matvec-warps, --attention-warps, --matvec-loop-rows, --mmq-rows and \
-                 --streamed-matmul tune the GPU kernels, not --device cpu"
+                "--matvec-warps, --attention-warps, --matvec-loop-rows, --mmq-rows, \
+                 --streamed-matmul and --prompt-gemm tune the GPU kernels, not --device cpu"
             );
         }
         let base = profile
@@ -193,6 +205,7 @@ impl TuningArgs {
                 streamed_matmul: k
                     .streamed_matmul
                     .unwrap_or(GpuTuning::DEFAULT.streamed_matmul),
+                prompt_gemm: k.prompt_gemm.unwrap_or(GpuTuning::DEFAULT.prompt_gemm),
             });
         Ok(GpuTuning {
             matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
@@ -200,6 +213,7 @@ impl TuningArgs {
             matvec_loop_rows: self.matvec_loop_rows.unwrap_or(base.matvec_loop_rows),
             mmq_rows: self.mmq_rows.unwrap_or(base.mmq_rows),
             streamed_matmul: self.streamed_matmul.unwrap_or(base.streamed_matmul),
+            prompt_gemm: self.prompt_gemm.unwrap_or(base.prompt_gemm),
         })
     }
 }
@@ -302,9 +316,9 @@ mod tests {
                 .validate()
                 .unwrap_or_else(|e| panic!("hosts/{}.toml: {e}", profile.chip().name()));
             assert_eq!(profile.kernels().is_some(), device != Device::Cpu);
-            // HIP has no streamed matmul: its backend would refuse to start.
+            // HIP has no streamed matmul and no GEMM: its backend would refuse to start.
             assert!(
-                !(device == Device::Hip && tuning.streamed_matmul),
+                !(device == Device::Hip && (tuning.streamed_matmul || tuning.prompt_gemm)),
                 "hosts/{}.toml",
                 profile.chip().name()
             );

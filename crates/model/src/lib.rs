@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use lucebox_backend::{BatchCapacity, CpuBackend, Backend, RaggedBatch};
+//! use lucebox_backend::{BatchCapacity, CpuBackend, Backend, RaggedBatch, TokenRole};
 //! use lucebox_model::Model;
 //!
 //! let file = Arc::new(lucebox_gguf::GgufFile::open("model.gguf")?);
@@ -18,7 +18,7 @@
 //! let mut ws = model.workspace(BatchCapacity { tokens: 8, sequences: 1, blocks: 64, logits: 1 })?;
 //! let mut batch = RaggedBatch::new();
 //! let seq = batch.push_sequence(&[0]);
-//! batch.push_token(seq, 42, 0, true);
+//! batch.push_token(seq, 42, 0, TokenRole::Prompt, true);
 //! model.forward(&batch, &mut kv, &layout, &mut ws)?;
 //! let mut next = [0u32; 1];
 //! model.backend().argmax_rows(ws.logits(), &mut next)?;

@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lucebox_backend::{
-    ActivationPrecision, Backend, BatchCapacity, KvLayout, PassShape, Projection, RaggedBatch,
+    ActivationPrecision, Backend, BatchCapacity, KvLayout, PassShape, Projection, RaggedBatch, Rows,
 };
 use lucebox_gguf::GgufFile;
 
@@ -79,16 +79,35 @@ impl<B: Backend> Loader<'_, B> {
         Ok(true)
     }
 
+    /// A layer's projection, which prompt rows pass through.
+    fn layer_matrix(&self, name: &str, inputs: usize, outputs: usize) -> Result<B::Matrix, Error> {
+        self.load(name, inputs, outputs, true)?
+            .ok_or_else(|| Error::MissingTensor(name.to_owned()))
+    }
+
+    /// The token embedding, whose rows are gathered (and which a tied output projection
+    /// applies to logits rows only).
     fn matrix(&self, name: &str, inputs: usize, outputs: usize) -> Result<B::Matrix, Error> {
         self.opt_matrix(name, inputs, outputs)?
             .ok_or_else(|| Error::MissingTensor(name.to_owned()))
     }
 
+    /// The output projection, applied to logits rows only.
     fn opt_matrix(
         &self,
         name: &str,
         inputs: usize,
         outputs: usize,
+    ) -> Result<Option<B::Matrix>, Error> {
+        self.load(name, inputs, outputs, false)
+    }
+
+    fn load(
+        &self,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        prompt_rows: bool,
     ) -> Result<Option<B::Matrix>, Error> {
         if !self.check(name, &[inputs, outputs])? {
             return Ok(None);
@@ -97,6 +116,7 @@ impl<B: Backend> Loader<'_, B> {
             self.file,
             name,
             self.precision,
+            prompt_rows,
         )?))
     }
 
@@ -151,9 +171,9 @@ impl<B: Backend> Model<B> {
                 let qk_norm = c.architecture == Architecture::Qwen3;
                 Ok(Layer {
                     attn_norm: l.vector(&name("attn_norm.weight"), c.embedding)?,
-                    q: l.matrix(&name("attn_q.weight"), c.embedding, q_width)?,
-                    k: l.matrix(&name("attn_k.weight"), c.embedding, kv_width)?,
-                    v: l.matrix(&name("attn_v.weight"), c.embedding, kv_width)?,
+                    q: l.layer_matrix(&name("attn_q.weight"), c.embedding, q_width)?,
+                    k: l.layer_matrix(&name("attn_k.weight"), c.embedding, kv_width)?,
+                    v: l.layer_matrix(&name("attn_v.weight"), c.embedding, kv_width)?,
                     q_bias: l.opt_vector(&name("attn_q.bias"), q_width)?,
                     k_bias: l.opt_vector(&name("attn_k.bias"), kv_width)?,
                     v_bias: l.opt_vector(&name("attn_v.bias"), kv_width)?,
@@ -167,11 +187,23 @@ impl<B: Backend> Model<B> {
                     } else {
                         None
                     },
-                    attn_output: l.matrix(&name("attn_output.weight"), q_width, c.embedding)?,
+                    attn_output: l.layer_matrix(
+                        &name("attn_output.weight"),
+                        q_width,
+                        c.embedding,
+                    )?,
                     ffn_norm: l.vector(&name("ffn_norm.weight"), c.embedding)?,
-                    ffn_gate: l.matrix(&name("ffn_gate.weight"), c.embedding, c.feed_forward)?,
-                    ffn_up: l.matrix(&name("ffn_up.weight"), c.embedding, c.feed_forward)?,
-                    ffn_down: l.matrix(&name("ffn_down.weight"), c.feed_forward, c.embedding)?,
+                    ffn_gate: l.layer_matrix(
+                        &name("ffn_gate.weight"),
+                        c.embedding,
+                        c.feed_forward,
+                    )?,
+                    ffn_up: l.layer_matrix(&name("ffn_up.weight"), c.embedding, c.feed_forward)?,
+                    ffn_down: l.layer_matrix(
+                        &name("ffn_down.weight"),
+                        c.feed_forward,
+                        c.embedding,
+                    )?,
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
@@ -267,6 +299,7 @@ impl<B: Backend> Model<B> {
             model: self.id,
             tokens: batch.len(),
             logits: batch.logits_rows().len(),
+            prompt: batch.prompt_tokens(),
             variant,
         };
         let buffers = &mut ws.buffers;
@@ -287,6 +320,10 @@ impl<B: Backend> Model<B> {
         let b = &*self.backend;
         let c = &self.config;
         let n = shape.tokens;
+        let rows = Rows {
+            total: n,
+            prompt: shape.prompt,
+        };
         let eps = c.rms_eps;
         let attention = c.attention_shape();
         // The logits rows are a subset of the tokens in batch order, so as many are all of them.
@@ -298,7 +335,7 @@ impl<B: Backend> Model<B> {
         for (i, layer) in self.layers.iter().enumerate() {
             b.matmuls(
                 &ws.normed,
-                n,
+                rows,
                 &mut [
                     Projection {
                         matrix: &layer.q,
@@ -331,7 +368,7 @@ impl<B: Backend> Model<B> {
                 attention,
                 &mut ws.attn,
             )?;
-            b.matmul(&layer.attn_output, None, &ws.attn, n, &mut ws.sublayer)?;
+            b.matmul(&layer.attn_output, None, &ws.attn, rows, &mut ws.sublayer)?;
             b.add_rms_norm(
                 &mut ws.x,
                 &ws.sublayer,
@@ -342,7 +379,7 @@ impl<B: Backend> Model<B> {
             )?;
             b.matmuls(
                 &ws.normed,
-                n,
+                rows,
                 &mut [
                     Projection {
                         matrix: &layer.ffn_gate,
@@ -357,7 +394,7 @@ impl<B: Backend> Model<B> {
                 ],
             )?;
             b.silu_mul(&mut ws.gate, &ws.up, n)?;
-            b.matmul(&layer.ffn_down, None, &ws.gate, n, &mut ws.sublayer)?;
+            b.matmul(&layer.ffn_down, None, &ws.gate, rows, &mut ws.sublayer)?;
             // The residual add ends the layer; the next layer's norm goes with it.
             match self.layers.get(i + 1) {
                 Some(next) => b.add_rms_norm(
@@ -381,16 +418,16 @@ impl<B: Backend> Model<B> {
                 None => b.add(&mut ws.x, &ws.sublayer, n)?,
             }
         }
-        let rows = shape.logits;
+        let logits = shape.logits;
         if !every_row_scored {
             b.gather_logits_rows(&ws.x, &ws.batch, &mut ws.normed)?;
-            b.rms_norm(&ws.normed, &self.output_norm, eps, rows, &mut ws.selected)?;
+            b.rms_norm(&ws.normed, &self.output_norm, eps, logits, &mut ws.selected)?;
         }
         b.matmul(
             self.output.as_ref().unwrap_or(&self.token_embd),
             None,
             &ws.selected,
-            rows,
+            Rows::generated(logits),
             &mut ws.logits,
         )?;
         Ok(())

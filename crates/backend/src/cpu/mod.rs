@@ -19,7 +19,7 @@ use crate::batch::slot_of;
 use crate::checks::{self, Dims};
 use crate::{
     AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch, Rope,
-    RopeStyle,
+    RopeStyle, Rows,
 };
 use pool::{DisjointMut, ThreadPool};
 
@@ -233,6 +233,7 @@ impl Backend for CpuBackend {
         file: &Arc<GgufFile>,
         name: &str,
         precision: ActivationPrecision,
+        _prompt_rows: bool,
     ) -> Result<CpuMatrix, Error> {
         let (_, [cols, rows], format) = self.tensor("load_matrix", file, name, precision)?;
         Ok(CpuMatrix {
@@ -390,9 +391,10 @@ impl Backend for CpuBackend {
         matrix: &CpuMatrix,
         bias: Option<&CpuVector>,
         x: &CpuActivations,
-        rows: usize,
+        rows: Rows,
         out: &mut CpuActivations,
     ) -> Result<(), Error> {
+        // Prompt rows and the others get the same arithmetic here.
         checks::matmul(
             rows,
             (matrix.rows, matrix.cols),
@@ -400,6 +402,7 @@ impl Backend for CpuBackend {
             x.dims(),
             out.dims(),
         )?;
+        let rows = rows.total;
         let mut quantized = self.quantized.lock().unwrap_or_else(|e| e.into_inner());
         matmul::matmul(
             &self.pool,

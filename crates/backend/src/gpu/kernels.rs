@@ -23,7 +23,21 @@ pub(crate) struct Kernels<F> {
     pub(crate) argmax_rows: F,
     pub(crate) sample_rows: F,
     pub(crate) quantize_q8: F,
+    /// The f16 GEMM of prompt rows (`gemm.cu`); absent where the images have none (HIP).
+    pub(crate) prompt_gemm: Option<PromptGemm<F>>,
 }
+
+/// The f16 GEMM of prompt rows and its activations' conversion.
+pub(crate) struct PromptGemm<F> {
+    /// `activations_to_f16`: f32 rows to f16, a pair of values a thread.
+    pub(crate) to_f16: F,
+    /// `gemm_f16_<rows>x<weight rows>` for each of [`GEMM_TILES`], which give a row the same
+    /// bits.
+    pub(crate) tiles: [F; 4],
+}
+
+/// The (activation rows, weight rows) of each tile of the f16 GEMM's instances.
+pub(crate) const GEMM_TILES: [(usize, usize); 4] = [(64, 64), (64, 128), (128, 64), (128, 128)];
 
 /// The kernels of one storage format.
 pub(crate) struct FormatKernels<F> {
@@ -52,6 +66,9 @@ pub(crate) struct FormatKernels<F> {
     /// Q4_K and Q6_K where the images have it (not HIP).
     pub(crate) mmt: Option<Streamed<F>>,
     pub(crate) get_rows: F,
+    /// The matrix to f16, an element a thread (`dequantize_f16_<format>` of `gemm.cu`), for
+    /// the GEMM of prompt rows; absent where the images have none (HIP).
+    pub(crate) dequantize_f16: Option<F>,
 }
 
 /// The two kernels of the streamed matmul, which give a row the same bits.
@@ -106,6 +123,7 @@ impl<F> Kernels<F> {
                 let suffix = ty.name().to_lowercase();
                 let mmv = function("mmv", &format!("mmv_{suffix}")).ok()?;
                 let get_rows = function("mmv", &format!("get_rows_{suffix}")).ok()?;
+                let dequantize_f16 = function("gemm", &format!("dequantize_f16_{suffix}")).ok();
                 let mmv1 = function("mmv", &format!("mmv1_{suffix}")).ok();
                 let mmv1p = function("mmv", &format!("mmv1p_{suffix}")).ok();
                 let mmv1_mixed = GgmlType::ALL
@@ -157,6 +175,7 @@ impl<F> Kernels<F> {
                         mmq,
                         mmt,
                         get_rows,
+                        dequantize_f16,
                     }),
                 ))
             })
@@ -177,6 +196,12 @@ impl<F> Kernels<F> {
             argmax_rows: function("argmax", "argmax_rows")?,
             sample_rows: function("sample", "sample_rows")?,
             quantize_q8: function("quantize", "quantize_q8")?,
+            prompt_gemm: function("gemm", "activations_to_f16")
+                .ok()
+                .zip(every(GEMM_TILES.map(|(rows, weight_rows)| {
+                    function("gemm", &format!("gemm_f16_{rows}x{weight_rows}")).ok()
+                })))
+                .map(|(to_f16, tiles)| PromptGemm { to_f16, tiles }),
         })
     }
 

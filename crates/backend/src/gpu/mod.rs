@@ -22,10 +22,10 @@ use lucebox_quant::{ActivationPrecision, Isa, WeightFormat};
 use crate::checks::{self, Dims, HeadDims};
 use crate::{
     AttentionShape, Backend, BatchCapacity, Error, GpuTuning, KvLayout, PassShape, Projection,
-    RaggedBatch, Rope, RopeStyle,
+    RaggedBatch, Rope, RopeStyle, Rows,
 };
 pub(crate) use kernels::Kernels;
-use kernels::{FormatKernels, MMQ_TILE_ROWS, Streamed, StreamedMixed};
+use kernels::{FormatKernels, GEMM_TILES, MMQ_TILE_ROWS, PromptGemm, Streamed, StreamedMixed};
 pub(crate) use runtime::Sealed;
 pub use runtime::{KernelArg, QuantizedOut, Runtime};
 
@@ -130,6 +130,13 @@ const MMT_ROW_WARPS: usize = 4;
 /// 1 row 1.38x as fast (decode 700-725 against 521-531 tok/s), 2 rows 1.15x, 3 rows level, 4
 /// rows 0.87x.
 const MMT_ROW_MAX_ROWS: usize = 2;
+/// Threads per block of the f16 GEMM (`GEMM_THREADS`).
+const GEMM_THREADS: u32 = 8 * LANES;
+/// The width of a matrix the f16 GEMM takes is a multiple of this (`GEMM_BK`).
+const GEMM_K_STEP: usize = 32;
+/// Threads per block of the GEMM's conversions (`dequantize_f16_<format>`,
+/// `activations_to_f16`), an element (a pair) a thread.
+const CONVERSION_THREADS: u32 = 256;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
 
@@ -240,7 +247,13 @@ impl<R: Runtime, T> std::fmt::Debug for Buffer<R, T> {
 impl<R: Runtime, T> Buffer<R, T> {
     /// The buffer as a kernel argument (its device address).
     fn arg(&self) -> KernelArg {
-        KernelArg::U64(self.address)
+        self.arg_at(0)
+    }
+
+    /// The address of element `at` (at most `len`) as a kernel argument.
+    fn arg_at(&self, at: usize) -> KernelArg {
+        assert!(at <= self.len, "an address past the end of a buffer");
+        KernelArg::U64(self.address + (at * size_of::<T>()) as u64)
     }
 }
 
@@ -265,7 +278,7 @@ impl<R: Runtime> GpuBackend<R> {
                 .map_err(device_error::<R>("kernel attributes"))
         };
         // The kernels whose blocks have a fixed least size: a split row's warps, the
-        // tensor-core matmuls'.
+        // tensor-core matmuls', the GEMM's.
         let fixed = kernels
             .matvecs()
             .filter(|(_, split, _)| *split)
@@ -314,6 +327,18 @@ impl<R: Runtime> GpuBackend<R> {
                         ),
                     ]
                 }))
+            }))
+            .chain(kernels.prompt_gemm.iter().flat_map(|gemm| {
+                GEMM_TILES
+                    .iter()
+                    .zip(&gemm.tiles)
+                    .map(|((rows, weight_rows), kernel)| {
+                        (
+                            format!("gemm_f16_{rows}x{weight_rows}"),
+                            kernel,
+                            GEMM_THREADS / LANES,
+                        )
+                    })
             }));
         for (name, kernel, needed) in fixed {
             let most = most_warps(kernel)?;
@@ -339,6 +364,11 @@ impl<R: Runtime> GpuBackend<R> {
                      {device}"
                 )));
             }
+        }
+        if tuning.prompt_gemm && kernels.prompt_gemm.is_none() {
+            return Err(Error::Tuning(format!(
+                "prompt_gemm = true: {device} has no f16 GEMM kernel (CUDA, sm_80 and later)"
+            )));
         }
         if tuning.streamed_matmul && kernels.mmts().next().is_none() {
             return Err(Error::Tuning(format!(
@@ -634,13 +664,15 @@ impl<R: Runtime> GpuBackend<R> {
         }
     }
 
-    /// One matvec launch over `parts`, checked by the caller and grouped as
+    /// One matvec launch over `parts` for `rows` activation rows from row `first` of `x` and
+    /// of the outputs, checked by the caller and grouped as
     /// [`matvec_instance`](Self::matvec_instance) allows; one warp per weight row of them all,
     /// or per piece of a split row, or on the tensor cores one block per [`MMQ_WEIGHT_ROWS`]
     /// weight rows and tile of activation rows.
     fn matvec(
         &self,
         x: &GpuActivations<R>,
+        first: usize,
         rows: usize,
         parts: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
@@ -661,24 +693,25 @@ impl<R: Runtime> GpuBackend<R> {
                     (matrix.row_bytes as u64).into(),
                     int(matrix.rows),
                     int(matrix.cols),
-                    x.data.arg(),
+                    x.data.arg_at(first * x.cols),
                     int(rows),
                     bias.map_or(NULL, |bias| bias.data.arg()),
-                    out.written(),
+                    out.written_from(first),
                 ],
             );
         }
-        let q = self.quantize(x, rows)?;
+        let q = self.quantize(x, first + rows)?;
         let (row_bytes, cols) = (parts[0].matrix.row_bytes, parts[0].matrix.cols);
+        let at = first * x.cols;
         let activations = [
-            q.hi.arg(),
-            q.lo.arg(),
-            q.scales.arg(),
-            q.sums.arg(),
+            q.hi.arg_at(at),
+            q.lo.arg_at(at),
+            q.scales.arg_at(2 * (at / QUANT_GROUP)),
+            q.sums.arg_at(at / 16),
             int(rows),
         ];
         if let Some(kernels) = self.streamed_kernels(parts) {
-            return self.streamed_matmul(kernels, x, activations, rows, parts);
+            return self.streamed_matmul(kernels, x, activations, first, rows, parts);
         }
         let weight_rows = parts.iter().map(|p| p.matrix.rows).sum();
         let (mmv, launch) = match self.mixed_matvec(rows, parts) {
@@ -722,7 +755,7 @@ impl<R: Runtime> GpuBackend<R> {
                 matrix.data.arg(),
                 int(matrix.rows),
                 bias.map_or(NULL, |bias| bias.data.arg()),
-                out.written(),
+                out.written_from(first),
                 (row_bytes as u64).into(),
                 int(cols),
                 int(piece_spans as usize),
@@ -730,7 +763,7 @@ impl<R: Runtime> GpuBackend<R> {
             args.extend(activations);
             return self.launch("matmul", mmv, grid, block, &args);
         }
-        let mut args = parts_args(parts);
+        let mut args = parts_args(parts, first);
         args.extend([(row_bytes as u64).into(), int(cols)]);
         args.extend(activations);
         let rows_per_warp = if launch == MatvecLaunch::Pairs { 2 } else { 1 };
@@ -825,6 +858,7 @@ impl<R: Runtime> GpuBackend<R> {
         kernels: StreamedKernels<'_, R::Function>,
         x: &GpuActivations<R>,
         activations: [KernelArg; 5],
+        first: usize,
         rows: usize,
         parts: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
@@ -843,7 +877,7 @@ impl<R: Runtime> GpuBackend<R> {
             .map(|p| p.matrix.rows.div_ceil(MMT_WEIGHT_ROWS))
             .sum();
         let ksplit = streamed_split(row_blocks, cols / MMT_SUPERBLOCK, self.multiprocessors);
-        let mut args = parts_args(parts);
+        let mut args = parts_args(parts, first);
         args.extend([(row_bytes as u64).into(), int(cols)]);
         args.extend(activations);
         let superblocks = cols / MMT_SUPERBLOCK;
@@ -902,6 +936,50 @@ impl<R: Runtime> GpuBackend<R> {
         })?;
         args.extend([scratch.partials.arg(), scratch.counters.arg()]);
         self.launch("matmul", mmt, grid, MMT_THREADS, &args)
+    }
+
+    /// The first `prompt` rows of `x` times each projection's f16 copy (kernels/cuda/gemm.cu),
+    /// checked by the caller: the rows converted to f16 into `half` once, then a GEMM per
+    /// matrix in the tile [`gemm_tile`] picks.
+    fn prompt_gemm(
+        &self,
+        gemm: &PromptGemm<R::Function>,
+        x: &GpuActivations<R>,
+        half: &Buffer<R, u16>,
+        prompt: usize,
+        parts: &mut [Projection<'_, Self>],
+    ) -> Result<(), Error> {
+        let values = prompt * x.cols;
+        let pairs = (values / 2).div_ceil(CONVERSION_THREADS as usize);
+        self.launch(
+            "matmul",
+            &gemm.to_f16,
+            pairs as u32,
+            CONVERSION_THREADS,
+            &[x.data.arg(), (values as i64).into(), half.arg()],
+        )?;
+        for Projection { matrix, bias, out } in parts {
+            let weights = matrix.half.as_ref().expect("checked by the caller");
+            let tile = gemm_tile(prompt, matrix.rows);
+            let (tile_rows, tile_weight_rows) = GEMM_TILES[tile];
+            let grid = prompt.div_ceil(tile_rows) * matrix.rows.div_ceil(tile_weight_rows);
+            self.launch(
+                "matmul",
+                &gemm.tiles[tile],
+                grid as u32,
+                GEMM_THREADS,
+                &[
+                    half.arg(),
+                    weights.arg(),
+                    bias.map_or(NULL, |bias| bias.data.arg()),
+                    int(prompt),
+                    int(matrix.rows),
+                    int(matrix.cols),
+                    out.written(),
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// The row norm kernel over `rows` rows at `x`, shaped as `out`, after adding `y` to them
@@ -981,6 +1059,10 @@ impl<R: Runtime> std::fmt::Debug for GpuRecordings<R> {
 /// A weight matrix in device memory, in its GGUF block layout.
 pub struct GpuMatrix<R: Runtime> {
     data: Buffer<R, u8>,
+    /// The matrix in f16, row-major, for the GEMM of prompt rows: present where the host
+    /// profile asks for it (`prompt_gemm`), the model gives the matrix prompt rows, the images
+    /// have the GEMM and the width is a multiple of its K step.
+    half: Option<Buffer<R, u16>>,
     format: Arc<FormatKernels<R::Function>>,
     rows: usize,
     cols: usize,
@@ -1019,6 +1101,10 @@ pub struct GpuActivations<R: Runtime> {
     /// it (the backend starts only where the device has it), and `cols` is a multiple of its
     /// super-blocks.
     streamed: Option<StreamedScratch<R>>,
+    /// Room for the prompt rows in f16, the GEMM's input: present where the host profile asks
+    /// for the GEMM (the backend starts only where the device has it) and `cols` is a multiple
+    /// of its K step.
+    half: Option<Buffer<R, u16>>,
 }
 
 /// Where the streamed matmul over these activations keeps its ranges' partial sums, and the
@@ -1062,8 +1148,14 @@ impl<R: Runtime> GpuActivations<R> {
 
     /// The data, for an operation that writes it: its quantized copy is stale from then on.
     fn written(&mut self) -> KernelArg {
+        self.written_from(0)
+    }
+
+    /// The data from row `row` on, for an operation that writes those rows: the quantized
+    /// copy is stale from then on.
+    fn written_from(&mut self, row: usize) -> KernelArg {
         self.quantized_rows.set(0);
-        self.data.arg()
+        self.data.arg_at(row * self.cols)
     }
 
     /// The data and where its quantized copy goes, for a kernel that writes both for the first
@@ -1259,6 +1351,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         file: &Arc<GgufFile>,
         name: &str,
         precision: ActivationPrecision,
+        prompt_rows: bool,
     ) -> Result<GpuMatrix<R>, Error> {
         if !Self::ACTIVATION_PRECISIONS.contains(&precision) {
             return Err(Error::UnsupportedPrecision {
@@ -1278,12 +1371,49 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let bytes = view.data();
         let mut data = self.zeros(bytes.len() + MMQ_WEIGHT_PADDING, "weights")?;
         self.upload(bytes, &mut data)?;
+        let row_bytes = bytes.len() / rows.max(1);
+        let half = match &format.dequantize_f16 {
+            Some(dequantize)
+                if prompt_rows
+                    && self.tuning.prompt_gemm
+                    && cols.is_multiple_of(GEMM_K_STEP)
+                    && rows > 0 =>
+            {
+                let elements = rows.checked_mul(cols).ok_or(Error::OutOfMemory {
+                    what: "f16 weights",
+                    bytes: u64::MAX,
+                })?;
+                let half = self.zeros(elements, "f16 weights")?;
+                let grid = u32::try_from(elements.div_ceil(CONVERSION_THREADS as usize)).map_err(
+                    |_| Error::Shape {
+                        op: "load_matrix",
+                        detail: format!("{name}: {elements} weights are too many to convert"),
+                    },
+                )?;
+                self.launch(
+                    "load_matrix",
+                    dequantize,
+                    grid,
+                    CONVERSION_THREADS,
+                    &[
+                        data.arg(),
+                        (row_bytes as u64).into(),
+                        int(rows),
+                        int(cols),
+                        half.arg(),
+                    ],
+                )?;
+                Some(half)
+            }
+            _ => None,
+        };
         Ok(GpuMatrix {
             data,
+            half,
             format,
             rows,
             cols,
-            row_bytes: bytes.len() / rows.max(1),
+            row_bytes,
         })
     }
 
@@ -1339,6 +1469,11 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         } else {
             None
         };
+        let half = if self.tuning.prompt_gemm && cols.is_multiple_of(GEMM_K_STEP) {
+            Some(self.zeros(len, "activations")?)
+        } else {
+            None
+        };
         Ok(GpuActivations {
             data: self.zeros(len, "activations")?,
             rows,
@@ -1346,6 +1481,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             quantized,
             quantized_rows: Cell::new(0),
             streamed,
+            half,
         })
     }
 
@@ -1495,6 +1631,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             .map_err(device_error::<R>("replay"))
     }
 
+    fn prompt_rows_differ(&self) -> bool {
+        self.tuning.prompt_gemm
+    }
+
     fn passes_recorded(&self) -> u64 {
         self.passes_recorded.load(Ordering::Relaxed)
     }
@@ -1585,7 +1725,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         matrix: &GpuMatrix<R>,
         bias: Option<&GpuVector<R>>,
         x: &GpuActivations<R>,
-        rows: usize,
+        rows: Rows,
         out: &mut GpuActivations<R>,
     ) -> Result<(), Error> {
         self.matmuls(x, rows, &mut [Projection { matrix, bias, out }])
@@ -1594,7 +1734,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     fn matmuls(
         &self,
         x: &GpuActivations<R>,
-        rows: usize,
+        rows: Rows,
         projections: &mut [Projection<'_, Self>],
     ) -> Result<(), Error> {
         for p in projections.iter() {
@@ -1605,6 +1745,22 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 x.dims(),
                 p.out.dims(),
             )?;
+        }
+        // Prompt rows through the GEMM where every matrix has its f16 copy (which depends on
+        // the matrices alone, so a row's class never depends on its pass), the rest after them
+        // through the int8 kernels.
+        let gemm_rows = match (&self.kernels.prompt_gemm, &x.half) {
+            (Some(gemm), Some(half))
+                if rows.prompt > 0 && projections.iter().all(|p| p.matrix.half.is_some()) =>
+            {
+                self.prompt_gemm(gemm, x, half, rows.prompt, projections)?;
+                rows.prompt
+            }
+            _ => 0,
+        };
+        let (first_row, rows) = (gemm_rows, rows.total - gemm_rows);
+        if rows == 0 {
+            return Ok(());
         }
         let mut rest = projections;
         while let Some(first) = rest.first() {
@@ -1637,7 +1793,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 1
             };
             let (launch, tail) = rest.split_at_mut(together);
-            self.matvec(x, rows, launch)?;
+            self.matvec(x, first_row, rows, launch)?;
             rest = tail;
         }
         Ok(())
@@ -1945,8 +2101,12 @@ enum StreamedKernels<'f, F> {
 }
 
 /// The arguments of the kernels that take up to [`MATVEC_PARTS`] matrices (`MatvecPart`s of
-/// kernels/cuda/qspan.cuh): each one's data, rows, bias and output, absent ones empty.
-fn parts_args<R: Runtime>(parts: &mut [Projection<'_, GpuBackend<R>>]) -> Vec<KernelArg> {
+/// kernels/cuda/qspan.cuh): each one's data, rows, bias and output from row `first` on, absent
+/// ones empty.
+fn parts_args<R: Runtime>(
+    parts: &mut [Projection<'_, GpuBackend<R>>],
+    first: usize,
+) -> Vec<KernelArg> {
     let mut args = Vec::with_capacity(4 * MATVEC_PARTS + 10);
     for i in 0..MATVEC_PARTS {
         match parts.get_mut(i) {
@@ -1955,13 +2115,32 @@ fn parts_args<R: Runtime>(parts: &mut [Projection<'_, GpuBackend<R>>]) -> Vec<Ke
                     matrix.data.arg(),
                     int(matrix.rows),
                     bias.map_or(NULL, |bias| bias.data.arg()),
-                    out.written(),
+                    out.written_from(first),
                 ]);
             }
             None => args.extend([NULL, int(0), NULL, NULL]),
         }
     }
     args
+}
+
+/// The index in [`GEMM_TILES`] of the f16 GEMM's tile for `rows` prompt rows times
+/// `weight_rows`: 128 weight rows for the wide matrices (gate and up) and for long passes, 128
+/// prompt rows for long passes and for the wide matrices past one tile. Every tile gives a row
+/// the same bits; on an H100 at 512 rows these were the fastest for q, k, v, o (64 x 64) and
+/// gate and up (128 x 128), and 128 x 128 for every matrix at 2,048 (README, "The GEMM as a
+/// kernel family").
+fn gemm_tile(rows: usize, weight_rows: usize) -> usize {
+    let long = rows >= 1024;
+    let wide = weight_rows >= 8192;
+    let tile = (
+        if long || (wide && rows > 64) { 128 } else { 64 },
+        if long || wide { 128 } else { 64 },
+    );
+    GEMM_TILES
+        .iter()
+        .position(|&t| t == tile)
+        .expect("every tile shape is an instance")
 }
 
 /// How many ranges the streamed matmul cuts each row's `superblocks` into for a launch of
@@ -2113,7 +2292,7 @@ mod tests {
                 batch.push_sequence(&[seq]);
             }
             for (i, &seq) in tokens.iter().enumerate() {
-                batch.push_token(seq, 0, i as u32, true);
+                batch.push_token(seq, 0, i as u32, crate::TokenRole::Generated, true);
             }
             batch
         };
@@ -2212,5 +2391,18 @@ mod tests {
         // Ranges of one super-block; of three.
         assert!(streamed_short_ranges(4, 4));
         assert!(!streamed_short_ranges(6, 2));
+    }
+
+    #[test]
+    fn the_gemm_takes_wide_tiles_for_wide_matrices_and_long_passes() {
+        let tile = |rows, weight_rows| GEMM_TILES[gemm_tile(rows, weight_rows)];
+        // The 1.5B at 512 prompt rows: q, k, v and o small tiles, gate and up the largest.
+        assert_eq!(tile(512, 2048), (64, 64));
+        assert_eq!(tile(512, 1536), (64, 64));
+        assert_eq!(tile(512, 17920), (128, 128));
+        // One tile of rows: no taller; long passes: the largest for every matrix.
+        assert_eq!(tile(64, 17920), (64, 128));
+        assert_eq!(tile(1, 256), (64, 64));
+        assert_eq!(tile(2048, 1536), (128, 128));
     }
 }

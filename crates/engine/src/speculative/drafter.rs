@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use lucebox_backend::{Backend, BatchCapacity};
+use lucebox_backend::{Backend, BatchCapacity, TokenRole};
 use lucebox_model::Model;
 
 use crate::forward_state::ForwardState;
@@ -320,7 +320,8 @@ impl<B: Backend> ModelDrafter<B> {
         let config = DrafterConfig { context, ..config };
         let state = ForwardState::new(
             &model,
-            BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens),
+            // Every position is fed as generated (`catch_up_on`): one role, no role keys.
+            BlockPool::with_prefix_cache(config.kv_blocks, config.block_tokens, false),
             BatchCapacity {
                 tokens: config.pass_tokens,
                 sequences: config.sequences,
@@ -411,7 +412,7 @@ impl<B: Backend> ModelDrafter<B> {
             if f.tokens.is_empty() {
                 // Only the sequence's own tokens were cached, never drafts.
                 let own = &s.tokens[..hold.min(s.tokens.len())];
-                let reused = f.blocks.share_cached_prefix(&mut self.state.pool, own);
+                let reused = f.blocks.share_cached_prefix(&mut self.state.pool, own, 0);
                 f.tokens.extend_from_slice(&own[..reused]);
             }
             ready.push(true);
@@ -436,10 +437,17 @@ impl<B: Backend> ModelDrafter<B> {
                 let f = &self.followed[s.followed];
                 let seq = self.state.batch.push_sequence(f.blocks.table());
                 let start = f.tokens.len();
+                // The drafter feeds every token as generated, its prompts too: its passes mix
+                // sequences' catching up in any order, and one role keeps each position's KV
+                // the same in all of them. Its proposals decide speed, never the output.
                 for position in start..start + count {
-                    self.state
-                        .batch
-                        .push_token(seq, s.token(position), position as u32, false);
+                    self.state.batch.push_token(
+                        seq,
+                        s.token(position),
+                        position as u32,
+                        TokenRole::Generated,
+                        false,
+                    );
                 }
                 self.rows.push((i, count));
                 room -= count;
@@ -459,7 +467,8 @@ impl<B: Backend> ModelDrafter<B> {
         for (s, _) in sequences.iter().zip(ready.iter()).filter(|(_, r)| **r) {
             let f = &mut self.followed[s.followed];
             if f.tokens.len() <= s.tokens.len() {
-                f.blocks.cache_full_blocks(&mut self.state.pool, &f.tokens);
+                f.blocks
+                    .cache_full_blocks(&mut self.state.pool, &f.tokens, 0);
             }
         }
         Ok(())
@@ -487,9 +496,13 @@ impl<B: Backend> ModelDrafter<B> {
                 }
                 let f = &self.followed[feed.followed];
                 let seq = self.state.batch.push_sequence(f.blocks.table());
-                self.state
-                    .batch
-                    .push_token(seq, feed.token, feed.position as u32, true);
+                self.state.batch.push_token(
+                    seq,
+                    feed.token,
+                    feed.position as u32,
+                    TokenRole::Generated,
+                    true,
+                );
                 self.rows.push((next - 1, 1));
             }
             if self.rows.is_empty() {

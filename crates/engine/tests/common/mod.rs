@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use lucebox_backend::{ActivationPrecision, Backend, BatchCapacity, CpuBackend, RaggedBatch};
+use lucebox_backend::{
+    ActivationPrecision, Backend, BatchCapacity, CpuBackend, RaggedBatch, TokenRole,
+};
 use lucebox_engine::speculative::SpecStats;
 use lucebox_engine::{
     BatchEngine, Batcher, Event, NewSequence, Rng, Sampler, SamplingParams, SequenceId,
@@ -99,7 +101,8 @@ pub fn logits_in_passes<B: Backend>(
             batch.push_sequence(table);
         }
         for &(s, i) in order {
-            batch.push_token(s, sequences[s][i], i as u32, true);
+            // Prompt tokens, so that a backend's prompt arithmetic is what the tests check.
+            batch.push_token(s, sequences[s][i], i as u32, TokenRole::Prompt, true);
         }
         model.forward(&batch, &mut kv, &layout, &mut ws).unwrap();
         let tokens = order.len();
