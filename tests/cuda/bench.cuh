@@ -1,6 +1,6 @@
 // Host helpers of the standalone CUDA benches (tests/cuda/*/bench.cu): f16 conversions, random
-// Q4_K matrices and activations, Q4_K elements as the device decodes them (BlockQ4_K::at), and
-// a launch's time.
+// Q4_K matrices and activations, Q4_K elements as the device decodes them (BlockQ4_K::at), the
+// streamed matmul's super-block split, and a launch's time.
 #pragma once
 
 #include "check.cuh"
@@ -60,6 +60,17 @@ static double q4_k_at(const uint8_t *b, int i) {
     const int n = half ? v >> 4 : v & 0xF;
     return (double)host_half(b[0] | (b[1] << 8)) * sc * n -
            (double)host_half(b[2] | (b[3] << 8)) * m;
+}
+
+// The super-block split for a matrix of `units` row blocks of `blocks` super-blocks: doubling,
+// up to 16 ranges, while the launch has fewer than `target` blocks, as the backend's
+// streamed_split (crates/backend/src/gpu/mod.rs) does with the device's SMs as the target.
+static int split_for(int units, int blocks, int target) {
+    int ksplit = 1;
+    while (ksplit < 16 && 2 * ksplit <= blocks && units * ksplit < target) {
+        ksplit *= 2;
+    }
+    return ksplit;
 }
 
 template <typename F> static float time_us(F launch, int reps) {

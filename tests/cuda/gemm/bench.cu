@@ -10,6 +10,7 @@
 
 #include "../../../kernels/cuda/gemm.cu"
 #include "../bench.cuh"
+#include "tiles.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -22,25 +23,6 @@ struct Shape {
     const char *name;
     int rows, cols, per_pass;
 };
-
-using GemmKernel = void (*)(const __half *, const __half *, const float *, int, int, int,
-                           float *);
-// The tile shapes measured, (activation rows, weight rows) a block: gemm.cu's instances.
-struct Tile {
-    int rows, weight_rows;
-    GemmKernel kernel;
-};
-constexpr Tile TILES[] = {{64, 64, gemm_f16_64x64},
-                          {64, 128, gemm_f16_64x128},
-                          {128, 64, gemm_f16_128x64},
-                          {128, 128, gemm_f16_128x128}};
-constexpr int TILE_COUNT = 4;
-
-static void gemm(int tile, const __half *x, const __half *w, int m, int n, int k, float *out) {
-    const Tile &t = TILES[tile];
-    const int blocks = (m + t.rows - 1) / t.rows * ((n + t.weight_rows - 1) / t.weight_rows);
-    t.kernel<<<blocks, GEMM_THREADS>>>(x, w, nullptr, m, n, k, out);
-}
 
 int main() {
     const Shape shapes[] = {{"q,k,v", 2048, 1536, 28},

@@ -58,15 +58,6 @@ static float2 *g_scales256;
 static int2 *g_bsums256;
 static const signed char *g_hi = nullptr;
 
-// The super-block split for a matrix of `units` row tiles or blocks: enough for `target`.
-static int split_for(int units, int blocks, int target) {
-    int ksplit = 1;
-    while (ksplit < 16 && 2 * ksplit <= blocks && units * ksplit < target) {
-        ksplit *= 2;
-    }
-    return ksplit;
-}
-
 static void launch_mmt(const Variant &v, const uint8_t *w, const Shape &s, const Quantized &x,
                        int tokens, float *out) {
     const unsigned long long row_bytes = s.cols / 256 * 144;

@@ -14,6 +14,7 @@
 #include "../../../kernels/cuda/mmt.cu"
 #include "../../../kernels/cuda/quantize.cu"
 #include "../bench.cuh"
+#include "../gemm/tiles.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -43,31 +44,19 @@ static std::vector<uint8_t> random_q6_k(size_t bytes, std::mt19937 &rng) {
     return w;
 }
 
-using GemmKernel = void (*)(const __half *, const __half *, const float *, int, int, int,
-                           float *);
-
 static int g_sms = 0;
 static float *g_partials = nullptr;
 static unsigned *g_counters = nullptr;
 constexpr size_t PARTIALS = (size_t)1 << 27, COUNTERS = (size_t)1 << 20;
 
-// The backend's super-block split (crates/backend/src/gpu/mod.rs, streamed_split): from the
-// matrix's blocks of 64 rows and the device alone.
-static int streamed_split(int rows, int superblocks) {
-    const int row_blocks = (rows + 63) / 64;
-    int ksplit = 1;
-    while (ksplit < 16 && 2 * ksplit <= superblocks && row_blocks * ksplit < g_sms) {
-        ksplit *= 2;
-    }
-    return ksplit;
-}
-
 // The streamed matmul's tiles over `tokens` activation rows, as the backend launches them.
 static void streamed(const Shape &s, const uint8_t *w, const QuantizedOut &x, int tokens,
                      float *out) {
-    const int ksplit = streamed_split(s.rows, s.cols / 256);
-    const long long grid = (long long)(s.rows + MMT_BLOCK_ROWS - 1) / MMT_BLOCK_ROWS * ksplit *
-                           ((tokens + MMT_TOKENS - 1) / MMT_TOKENS);
+    const int row_blocks = (s.rows + MMT_BLOCK_ROWS - 1) / MMT_BLOCK_ROWS;
+    // The backend's split: from the matrix's row blocks and the device alone.
+    const int ksplit = split_for(row_blocks, s.cols / 256, g_sms);
+    const long long grid =
+        (long long)row_blocks * ksplit * ((tokens + MMT_TOKENS - 1) / MMT_TOKENS);
     const bool q4 = s.format == Format::Q4_K;
     const unsigned long long row_bytes = (unsigned long long)s.cols / 256 * (q4 ? 144 : 210);
     (q4 ? mmt_q4_k : mmt_q6_k)<<<(unsigned)grid, MMT_WARPS * WARP_SIZE>>>(
@@ -131,17 +120,9 @@ int main() {
         CHECK(cudaDeviceSynchronize());
 
         auto gemm_best = [&](int tokens, float *out, float *us) {
-            const GemmKernel kernels[] = {gemm_f16_64x64, gemm_f16_64x128, gemm_f16_128x64,
-                                          gemm_f16_128x128};
-            const int shapes_of[][2] = {{64, 64}, {64, 128}, {128, 64}, {128, 128}};
             float best = 1e30f;
-            for (int k = 0; k < 4; k++) {
-                const int blocks = (tokens + shapes_of[k][0] - 1) / shapes_of[k][0] *
-                                   ((s.rows + shapes_of[k][1] - 1) / shapes_of[k][1]);
-                auto launch = [&] {
-                    kernels[k]<<<blocks, GEMM_THREADS>>>(dxh, dwh, nullptr, tokens, s.rows,
-                                                          s.cols, out);
-                };
+            for (int tile = 0; tile < TILE_COUNT; tile++) {
+                auto launch = [&] { gemm(tile, dxh, dwh, tokens, s.rows, s.cols, out); };
                 if (us) best = std::min(best, time_us(launch, 20));
                 else launch();
             }
