@@ -149,6 +149,14 @@ fn tuning_help(what: &str, default: u32) -> String {
 }
 
 impl TuningArgs {
+    /// The on/off flags and their values, given or not.
+    fn switches(&self) -> [(&'static str, Option<bool>); 2] {
+        [
+            ("--streamed-matmul", self.streamed_matmul),
+            ("--prompt-gemm", self.prompt_gemm),
+        ]
+    }
+
     /// The flags given, as arguments for a `lucebox` command this one starts.
     pub(crate) fn to_args(&self) -> Vec<String> {
         let numbers = [
@@ -161,12 +169,9 @@ impl TuningArgs {
             .into_iter()
             .filter_map(|(flag, value)| Some((flag, value?.to_string())))
             .chain(
-                [
-                    ("--streamed-matmul", self.streamed_matmul),
-                    ("--prompt-gemm", self.prompt_gemm),
-                ]
-                .into_iter()
-                .filter_map(|(flag, on)| Some((flag, on?.to_string()))),
+                self.switches()
+                    .into_iter()
+                    .filter_map(|(flag, on)| Some((flag, on?.to_string()))),
             )
             .flat_map(|(flag, value)| [flag.to_owned(), value])
             .collect()
@@ -187,8 +192,7 @@ impl TuningArgs {
         ];
         if device == Device::Cpu
             && (flags.iter().any(Option::is_some)
-                || self.streamed_matmul.is_some()
-                || self.prompt_gemm.is_some())
+                || self.switches().iter().any(|(_, on)| on.is_some()))
         {
             bail!(
                 "--matvec-warps, --attention-warps, --matvec-loop-rows, --mmq-rows, \

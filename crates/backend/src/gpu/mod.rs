@@ -702,14 +702,8 @@ impl<R: Runtime> GpuBackend<R> {
         }
         let q = self.quantize(x, first + rows)?;
         let (row_bytes, cols) = (parts[0].matrix.row_bytes, parts[0].matrix.cols);
-        let at = first * x.cols;
-        let activations = [
-            q.hi.arg_at(at),
-            q.lo.arg_at(at),
-            q.scales.arg_at(2 * (at / QUANT_GROUP)),
-            q.sums.arg_at(at / 16),
-            int(rows),
-        ];
+        let [hi, lo, scales, sums] = q.args_from(first * x.cols);
+        let activations = [hi, lo, scales, sums, int(rows)];
         if let Some(kernels) = self.streamed_kernels(parts) {
             return self.streamed_matmul(kernels, x, activations, first, rows, parts);
         }
@@ -1127,6 +1121,17 @@ struct Quantized<R: Runtime> {
 }
 
 impl<R: Runtime> Quantized<R> {
+    /// The copy from value `at` (the start of a row) on: its parts, scales and sums, for a
+    /// kernel that reads it.
+    fn args_from(&self, at: usize) -> [KernelArg; 4] {
+        [
+            self.hi.arg_at(at),
+            self.lo.arg_at(at),
+            self.scales.arg_at(2 * (at / QUANT_GROUP)),
+            self.sums.arg_at(at / 16),
+        ]
+    }
+
     /// The copy's addresses, for a kernel that reads or writes it.
     fn out(&self) -> QuantizedOut {
         QuantizedOut {
