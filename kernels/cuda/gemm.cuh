@@ -15,6 +15,7 @@
 // The mma instructions exist from sm_80; HIP builds none of this (crates/backend/build.rs).
 #pragma once
 
+#include "mma.cuh"
 #include "quant.cuh"
 
 // Element i of rows of blocks of `Block` to f16, a thread per element: run once per matrix
@@ -48,28 +49,6 @@ constexpr int GEMM_LD = GEMM_BK + 8;
 template <int BM, int BN> __host__ __device__ constexpr int gemm_stages() {
     const int fit = 49152 / ((BM + BN) * GEMM_LD * 2);
     return fit < 4 ? fit : 4;
-}
-
-static __device__ __forceinline__ void cp_async16(void *smem, const void *global, bool valid) {
-    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    // A row past the matrix reads nothing and fills zeros (src-size 0).
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global),
-                 "r"(valid ? 16 : 0));
-}
-
-static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const __half *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-static __device__ __forceinline__ void mma_f16(float c[4], const unsigned a[4], unsigned b0,
-                                               unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Blocks of BM activation rows by BN weight rows, the row blocks of one column of tiles
