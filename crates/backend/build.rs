@@ -26,9 +26,9 @@ struct Toolchain {
     default_archs: &'static str,
     /// What the generated file is called and what its constants are prefixed with.
     name: &'static str,
-    /// The families it does not build: `gemm`, `mmq` and `mmt` are NVIDIA's tensor-core
-    /// `mma.sync`, which RDNA does not have (its matrices take the matvec for any number of
-    /// rows).
+    /// The families it does not build: `gemm`, `mmq`, `mmt` and `prompt_attention` are
+    /// NVIDIA's tensor-core `mma.sync`, which RDNA does not have (its matrices take the matvec
+    /// for any number of rows, its prompt rows `attention`).
     skips: &'static [&'static str],
 }
 
@@ -49,7 +49,7 @@ const HIP: Toolchain = Toolchain {
     archs_var: "LUCEBOX_HIP_ARCHS",
     default_archs: "gfx1100,gfx1151,gfx1201",
     name: "hip",
-    skips: &["gemm", "mmq", "mmt"],
+    skips: &["gemm", "mmq", "mmt", "prompt_attention"],
 };
 
 fn main() {
