@@ -114,8 +114,9 @@ static __device__ __forceinline__ void fold(float &max, float &sum, float (&acc)
     max = to;
 }
 
-// Attention of each (token, query head) of heads of 32 * PER_LANE dimensions over positions
-// 0..=position of the token's sequence, whose block table starts at
+// Attention of each (token, query head) of heads of 32 * PER_LANE dimensions, for the batch's
+// tokens from `first` (those before it, prompt rows, may take prompt_attention.cu's kernel),
+// over positions 0..=position of the token's sequence, whose block table starts at
 // block_ids[table_offsets[t]]. The positions go in tiles of 32, cut into ranges of
 // range_tiles() tiles, which depend on the position and `warps` (the host profile's
 // attention_warps) alone. Each of the `warps` parts w takes tiles w, w + warps, ... of each
@@ -151,7 +152,8 @@ static __device__ __forceinline__ void fold(float &max, float &sum, float (&acc)
 // there as any other position. The blocks of a kv head's query heads store the same bytes. The
 // rotation is rope_store_kv's (kv.cuh), so the bits are those of the two kernels.
 template <int PER_LANE>
-static __device__ void attention_heads(const float *q, __half *k_cache, __half *v_cache,
+static __device__ void attention_heads(int first, const float *q, __half *k_cache,
+                                       __half *v_cache,
                                        const unsigned *positions, const unsigned *table_offsets,
                                        const unsigned *block_ids, int block_tokens, int heads,
                                        int kv_heads, float scale, int warps, int blocks_per_head,
@@ -167,7 +169,7 @@ static __device__ void attention_heads(const float *q, __half *k_cache, __half *
     __shared__ unsigned arrived;
     START_NEXT_KERNEL();
     const int token_head = blockIdx.x / blocks_per_head;
-    const int t = token_head / heads, head = token_head % heads;
+    const int t = first + token_head / heads, head = token_head % heads;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int block_warps = blockDim.x / WARP_SIZE;
     // The batch's description (positions, block tables) is written by the host alone, so the
@@ -394,15 +396,16 @@ static __device__ void attention_heads(const float *q, __half *k_cache, __half *
 #define ATTENTION_INSTANCE(head_dim)                                                           \
     extern "C" __global__ void __launch_bounds__(ATTENTION_MAX_WARPS *WARP_SIZE)               \
         attention_##head_dim(                                                                  \
-        const float *q, __half *k_cache, __half *v_cache, const unsigned *positions,           \
-        const unsigned *table_offsets, const unsigned *block_ids, int block_tokens, int heads, \
-        int kv_heads, float scale, int warps, int blocks_per_head, float *parts,               \
-        unsigned *arrivals, float *out, QuantizedOut quantized, const float *fresh_k,          \
-        const float *fresh_v, const float *cos_table, const float *sin_table, int rotary_dims, \
-        int neox) {                                                                            \
+        int first, const float *q, __half *k_cache, __half *v_cache,                           \
+        const unsigned *positions, const unsigned *table_offsets, const unsigned *block_ids,   \
+        int block_tokens, int heads, int kv_heads, float scale, int warps,                     \
+        int blocks_per_head, float *parts, unsigned *arrivals, float *out,                     \
+        QuantizedOut quantized,                                                                \
+        const float *fresh_k, const float *fresh_v, const float *cos_table,                    \
+        const float *sin_table, int rotary_dims, int neox) {                                   \
         attention_heads<head_dim / WARP_SIZE>(                                                 \
-            q, k_cache, v_cache, positions, table_offsets, block_ids, block_tokens, heads,     \
-            kv_heads, scale, warps, blocks_per_head, parts, arrivals, out, quantized,          \
+            first, q, k_cache, v_cache, positions, table_offsets, block_ids, block_tokens,     \
+            heads, kv_heads, scale, warps, blocks_per_head, parts, arrivals, out, quantized,   \
             {fresh_k, fresh_v, cos_table, sin_table, rotary_dims, neox});                      \
     }
 // Every multiple of 32 up to 256 (HEAD_DIMS in crates/backend/src/gpu/mod.rs).

@@ -137,7 +137,8 @@ pub struct KernelTuning {
     #[serde(default)]
     pub streamed_matmul: Option<bool>,
     /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM over f16 copies of
-    /// the layers' matrices; absent (off) on chips without it (HIP).
+    /// the layers' matrices, and their attention on f16 tensor-core tiles; absent (off) on
+    /// chips without them (HIP).
     #[serde(default)]
     pub prompt_gemm: Option<bool>,
 }

@@ -34,11 +34,13 @@ pub struct GpuTuning {
     pub streamed_matmul: bool,
     /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM (CUDA, sm_80 and
     /// later: `kernels/cuda/gemm.cu`) over f16 copies of the layers' matrices made when they
-    /// load, the other rows through the kernels above. Each way gives a row the same bits in
-    /// any pass, so a token's results depend on its role, not its batch; the prompt's rows
-    /// move within rounding against the int8 kernels. The copies take two bytes a weight (2.6
-    /// GB for the 1.5B's layers), and a 512-token prompt's matmuls 2.6x less time on an H100
-    /// (README, "The prefill matmul's two routes").
+    /// load, and their attention, for heads of up to 128 dimensions, through f16 tiles on the
+    /// tensor cores (`kernels/cuda/prompt_attention.cu`); the other rows through the kernels
+    /// above. Each way gives a row the same bits in any pass, so a token's results depend on
+    /// its role, not its batch; the prompt's rows move within rounding against the int8
+    /// kernels. The copies take two bytes a weight (2.6 GB for the 1.5B's layers), and a
+    /// 512-token prompt's matmuls 2.6x less time on an H100 (README, "The prefill matmul's two
+    /// routes").
     pub prompt_gemm: bool,
 }
 

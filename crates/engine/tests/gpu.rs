@@ -53,7 +53,9 @@ const LOGITS_BOUND: f64 = 5e-3;
 /// (`GpuTuning::prompt_gemm`): it rounds each weight and each activation to f16 (11 bits),
 /// where the int8 kernels take the weights exactly and the activations to about 14 bits of
 /// their group's largest. On an H100: SmolLM2 5.05e-3 (one argmax of 63 rows moved), the 0.5B
-/// 1.63e-3, the 1.5B 2.71e-3, against 1.29e-3, 4.2e-4 and 3.1e-4 through the int8 kernels.
+/// 1.63e-3, the 1.5B 2.71e-3, against 1.29e-3, 4.2e-4 and 3.1e-4 through the int8 kernels,
+/// before prompt rows also took their own attention kernel, which rounds q and the softmax
+/// weights to f16 (not yet run on a GPU).
 const PROMPT_GEMM_BOUND: f64 = 1e-2;
 
 const PROMPTS: [&str; 4] = [
@@ -320,7 +322,8 @@ const STREAMED: GpuTuning = GpuTuning {
     ..GpuTuning::DEFAULT
 };
 
-/// The streamed matmul, prompt rows through the f16 GEMM.
+/// The streamed matmul, prompt rows through the f16 GEMM and, for heads of up to 128
+/// dimensions, the prompt rows' attention kernel.
 const PROMPT_GEMM: GpuTuning = GpuTuning {
     prompt_gemm: true,
     ..STREAMED
@@ -982,6 +985,69 @@ fn long_sequences_attend_in_splits_within_the_bound_and_batch_invariant() {
             "{warps} warps: positions 1,096 to 1,099 decoded one at a time give the bits of one pass"
         );
     }
+}
+
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn prompt_rows_get_the_same_bits_however_the_prompt_is_cut_with_the_prompt_gemm() {
+    // With `prompt_gemm`, prompt rows take the f16 GEMM and their own attention kernel, whose
+    // blocks share tiles of 64 positions between 64 rows (kernels/cuda/prompt_attention.cu): a
+    // row's bits must depend on its sequence alone. 1,100, 300 and 40 tokens, each in one pass,
+    // give the bits of one pass taking them round-robin (every block's rows from three
+    // sequences) and of passes of 37 tokens of each (sequences changing inside a warp's 16
+    // rows); the long one stays within the GEMM's bound of the CPU.
+    const CHUNK: usize = 37;
+    let file = open(TARGET);
+    let on_cpu = on(&Arc::new(CpuBackend::new(None).unwrap()), &file);
+    let vocab = on_cpu.config().vocab;
+    let mut rng = Rng::seeded(17);
+    let sequences: Vec<Vec<u32>> = [1_100, 300, 40]
+        .iter()
+        .map(|&n| common::random_tokens(&mut rng, n, vocab))
+        .collect();
+    let model = on(&tuned(PROMPT_GEMM), &file);
+    let alone: Vec<Vec<f32>> = sequences
+        .iter()
+        .map(|s| common::prefill_logits(&model, s))
+        .collect();
+    let worst = alone[0]
+        .chunks_exact(vocab)
+        .zip(common::prefill_logits(&on_cpu, &sequences[0]).chunks_exact(vocab))
+        .map(|(x, y)| relative_l2(x, y))
+        .fold(0.0f64, f64::max);
+    println!("1,100 prompt positions within {worst:.2e} of the CPU");
+    assert!(
+        worst <= PROMPT_GEMM_BOUND,
+        "{worst:.2e} above {PROMPT_GEMM_BOUND:.0e}"
+    );
+    let round_robin = common::batched_logits(&model, &sequences, &common::round_robin(&sequences));
+    let longest = sequences.iter().map(Vec::len).max().unwrap_or(0);
+    let chunks: Vec<Vec<(usize, usize)>> = (0..longest)
+        .step_by(CHUNK)
+        .map(|start| {
+            sequences
+                .iter()
+                .enumerate()
+                .flat_map(|(s, tokens)| {
+                    (start..tokens.len().min(start + CHUNK)).map(move |i| (s, i))
+                })
+                .collect()
+        })
+        .collect();
+    let chunked = common::logits_in_passes(&model, &sequences, &chunks);
+    for (s, one_pass) in alone.iter().enumerate() {
+        assert!(
+            round_robin[s] == *one_pass,
+            "sequence {s}: round-robin with the others differs from one pass"
+        );
+        assert!(
+            chunked[s] == *one_pass,
+            "sequence {s}: passes of {CHUNK} tokens differ from one pass"
+        );
+    }
+    println!(
+        "1,100, 300 and 40 prompt tokens: one pass each, round-robin and passes of {CHUNK} agree bitwise"
+    );
 }
 
 /// The host's draw with uniform `u` from `d` (token order), and how far `u` lies from the

@@ -137,7 +137,8 @@ pub(crate) struct TuningArgs {
     streamed_matmul: Option<bool>,
     #[arg(long, value_name = "BOOL", help = format!(
         "GPU only: prompt tokens' rows of the layers' matmuls through an f16 GEMM over f16 \
-         copies of the matrices [default: the profile's `[kernels]`, else {}]",
+         copies of the matrices, and their attention on f16 tensor-core tiles [default: the \
+         profile's `[kernels]`, else {}]",
         GpuTuning::DEFAULT.prompt_gemm,
     ))]
     prompt_gemm: Option<bool>,

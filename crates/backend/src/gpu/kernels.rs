@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use lucebox_gguf::GgmlType;
 
-use super::HEAD_DIMS;
+use super::{HEAD_DIMS, PROMPT_ATTENTION_HEAD_DIMS};
 
 /// Every kernel, loaded for one device.
 pub(crate) struct Kernels<F> {
@@ -25,6 +25,10 @@ pub(crate) struct Kernels<F> {
     pub(crate) quantize_q8: F,
     /// The f16 GEMM of prompt rows (`gemm.cu`); absent where the images have none (HIP).
     pub(crate) prompt_gemm: Option<PromptGemm<F>>,
+    /// Prompt rows' attention on the tensor cores (`prompt_attention.cu`) for heads of 32,
+    /// 64, ... [`PROMPT_ATTENTION_HEAD_DIMS`]`.max` dimensions, in that order; empty where the
+    /// images have none (HIP).
+    prompt_attention: Vec<F>,
 }
 
 /// The f16 GEMM of prompt rows and its activations' conversion.
@@ -100,6 +104,11 @@ pub(crate) struct StreamedMixed<F> {
 /// The name of the attention kernel for heads of `head_dim` dimensions.
 fn attention_name(head_dim: usize) -> String {
     format!("attention_{head_dim}")
+}
+
+/// The name of the prompt rows' attention kernel for heads of `head_dim` dimensions.
+fn prompt_attention_name(head_dim: usize) -> String {
+    format!("prompt_attention_{head_dim}")
 }
 
 /// The activation rows per block of each `FormatKernels::mmq` instance, smallest first.
@@ -202,6 +211,17 @@ impl<F> Kernels<F> {
                     function("gemm", &format!("gemm_f16_{rows}x{weight_rows}")).ok()
                 })))
                 .map(|(to_f16, tiles)| PromptGemm { to_f16, tiles }),
+            prompt_attention: (1..=PROMPT_ATTENTION_HEAD_DIMS.max
+                / PROMPT_ATTENTION_HEAD_DIMS.multiple_of)
+                .map(|k| {
+                    function(
+                        "prompt_attention",
+                        &prompt_attention_name(k * PROMPT_ATTENTION_HEAD_DIMS.multiple_of),
+                    )
+                    .ok()
+                })
+                .collect::<Option<_>>()
+                .unwrap_or_default(),
         })
     }
 
@@ -212,6 +232,25 @@ impl<F> Kernels<F> {
         }
         self.attention
             .get((head_dim / HEAD_DIMS.multiple_of).checked_sub(1)?)
+    }
+
+    /// The prompt rows' attention kernel for heads of `head_dim` dimensions, if there is one.
+    pub(crate) fn prompt_attention(&self, head_dim: usize) -> Option<&F> {
+        if !head_dim.is_multiple_of(PROMPT_ATTENTION_HEAD_DIMS.multiple_of) {
+            return None;
+        }
+        self.prompt_attention
+            .get((head_dim / PROMPT_ATTENTION_HEAD_DIMS.multiple_of).checked_sub(1)?)
+    }
+
+    /// Every prompt rows' attention kernel, with its name.
+    pub(crate) fn prompt_attentions(&self) -> impl Iterator<Item = (String, &F)> {
+        self.prompt_attention.iter().enumerate().map(|(i, kernel)| {
+            (
+                prompt_attention_name((i + 1) * PROMPT_ATTENTION_HEAD_DIMS.multiple_of),
+                kernel,
+            )
+        })
     }
 
     /// Every attention kernel, with its name.

@@ -48,6 +48,17 @@ const HEAD_DIMS: HeadDims = HeadDims {
     max: 256,
     multiple_of: 32,
 };
+/// The heads prompt rows' attention on the tensor cores takes (`prompt_attention_<head_dim>`,
+/// kernels/cuda/prompt_attention.cu): wider heads' accumulators would not fit a thread's
+/// registers, and their prompt rows take `attention_<head_dim>` like every other row.
+const PROMPT_ATTENTION_HEAD_DIMS: HeadDims = HeadDims {
+    max: 128,
+    multiple_of: 32,
+};
+/// Query rows per block of prompt rows' attention (`PROMPT_ATTENTION_ROWS`), 16 a warp.
+const PROMPT_ATTENTION_ROWS: usize = 64;
+/// Threads per block of prompt rows' attention (`PROMPT_ATTENTION_WARPS` warps).
+const PROMPT_ATTENTION_THREADS: u32 = 4 * LANES;
 /// The most ranges attention cuts a token's positions into (`ATTENTION_SPLITS` in
 /// `kernels/cuda/attention.cu`): in a pass of up to [`SPLIT_BLOCKS_MAX_TOKENS`] tokens each
 /// range of a head has its own block, so that a long sequence's K and V stream through as many
@@ -278,7 +289,7 @@ impl<R: Runtime> GpuBackend<R> {
                 .map_err(device_error::<R>("kernel attributes"))
         };
         // The kernels whose blocks have a fixed least size: a split row's warps, the
-        // tensor-core matmuls', the GEMM's.
+        // tensor-core matmuls', the GEMM's, prompt rows' attention.
         let fixed = kernels
             .matvecs()
             .filter(|(_, split, _)| *split)
@@ -339,7 +350,12 @@ impl<R: Runtime> GpuBackend<R> {
                             GEMM_THREADS / LANES,
                         )
                     })
-            }));
+            }))
+            .chain(
+                kernels
+                    .prompt_attentions()
+                    .map(|(name, kernel)| (name, kernel, PROMPT_ATTENTION_THREADS / LANES)),
+            );
         for (name, kernel, needed) in fixed {
             let most = most_warps(kernel)?;
             if most < needed {
@@ -508,15 +524,25 @@ impl<R: Runtime> GpuBackend<R> {
                 ),
             })?;
         let rows = batch.host.len();
+        // A pass that rotates and stores K and V in its attention has no prompt rows where
+        // they take their own kernel ([`Self::set_batch`]).
+        let prompt = match fresh {
+            Some(_) => 0,
+            None => self.launch_prompt_attention(q, cache, layer, batch, shape, out)?,
+        };
         let d = &batch.device;
         let (out, quantized) = out.written_quantized(rows);
+        if prompt == rows {
+            return Ok(());
+        }
         let launch = batch.attention;
         self.launch(
             "attention",
             kernel,
-            (rows * shape.heads) as u32 * launch.blocks_per_head,
+            ((rows - prompt) * shape.heads) as u32 * launch.blocks_per_head,
             launch.block_warps * LANES,
             &[
+                int(prompt),
                 q.data.arg(),
                 cache.k[layer].arg(),
                 cache.v[layer].arg(),
@@ -541,6 +567,51 @@ impl<R: Runtime> GpuBackend<R> {
                 i32::from(batch.rope.style == RopeStyle::Neox).into(),
             ],
         )
+    }
+
+    /// Launches the attention of the batch's prompt rows on the tensor cores where the host
+    /// profile sends prompt rows through f16 kernels (`prompt_gemm`) and the images have the
+    /// kernel for these heads; returns how many leading rows it took (0 or the prompt rows).
+    /// Its bits are not `attention_<head_dim>`'s, which the other rows take: the prompt rows
+    /// already differ by their GEMM ([`Backend::prompt_rows_differ`]).
+    fn launch_prompt_attention(
+        &self,
+        q: &GpuActivations<R>,
+        cache: &GpuKvCache<R>,
+        layer: usize,
+        batch: &GpuBatch<R>,
+        shape: AttentionShape,
+        out: &mut GpuActivations<R>,
+    ) -> Result<usize, Error> {
+        let prompt = batch.host.prompt_tokens();
+        let kernel = match self.kernels.prompt_attention(shape.head_dim) {
+            Some(kernel) if self.tuning.prompt_gemm && prompt > 0 => kernel,
+            _ => return Ok(0),
+        };
+        let d = &batch.device;
+        let (out, quantized) = out.written_quantized(batch.host.len());
+        self.launch(
+            "prompt_attention",
+            kernel,
+            (prompt.div_ceil(PROMPT_ATTENTION_ROWS) * shape.heads) as u32,
+            PROMPT_ATTENTION_THREADS,
+            &[
+                q.data.arg(),
+                cache.k[layer].arg(),
+                cache.v[layer].arg(),
+                d.positions.arg(),
+                d.table_offsets.arg(),
+                d.block_ids.arg(),
+                int(cache.layout.block_tokens),
+                int(prompt),
+                int(shape.heads),
+                int(shape.kv_heads),
+                shape.scale.into(),
+                out,
+                quantized,
+            ],
+        )?;
+        Ok(prompt)
     }
 
     /// Whether the streamed matmul (where the host profile asks for it) multiplies `rows`
@@ -1216,7 +1287,8 @@ struct AttentionLaunch {
     /// with the same arithmetic whatever their number.
     block_warps: u32,
     /// Whether attention rotates q and k and stores K and V itself, as `rope_store_kv` would
-    /// (a pass where each sequence has one token: [`Backend::attend`]).
+    /// (a pass where each sequence has one token: [`Backend::attend`]; with `prompt_gemm`, none
+    /// of them a prompt token, whose attention kernel does not store).
     rotates_and_stores: bool,
 }
 
@@ -1303,11 +1375,15 @@ fn check_rope_store_kv<R: Runtime>(
     Ok(rotary_dims)
 }
 
-/// Whether each of the batch's tokens is its sequence's only one (a decode step). Checked as the
-/// tokens' sequences strictly increasing, the order the engine pushes them in; a batch in
-/// another order is taken as having several.
-fn one_token_per_sequence(batch: &RaggedBatch) -> bool {
+/// Whether a pass's attention rotates q and k and stores K and V itself, doing `rope_store_kv`'s
+/// work: where each of the batch's tokens is its sequence's only one (a decode step), and, when
+/// prompt rows take their own attention kernel (`prompt_rows_apart`, the `prompt_gemm`
+/// tuning), none is a prompt token: that kernel reads K and V from the cache alone. One token
+/// per sequence is checked as the tokens' sequences strictly increasing, the order the engine
+/// pushes them in; a batch in another order is taken as having several.
+fn rotates_and_stores(batch: &RaggedBatch, prompt_rows_apart: bool) -> bool {
     batch.token_seqs().windows(2).all(|w| w[0] < w[1])
+        && !(prompt_rows_apart && batch.prompt_tokens() > 0)
 }
 
 /// `argmax_rows`' buffers: each chunk's best value and index, each row's count of chunks
@@ -1586,7 +1662,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.upload(&dst.cos[..tables], &mut d.cos)?;
         self.upload(&dst.sin[..tables], &mut d.sin)?;
         dst.attention = AttentionLaunch {
-            rotates_and_stores: one_token_per_sequence(src),
+            rotates_and_stores: rotates_and_stores(src, self.tuning.prompt_gemm),
             ..AttentionLaunch::of(
                 src.positions(),
                 dst.heads,
@@ -2290,25 +2366,39 @@ mod tests {
 
     #[test]
     fn attention_stores_k_and_v_itself_only_where_each_sequence_has_one_token() {
-        let batch = |tokens: &[usize]| {
+        let batch = |tokens: &[usize], role| {
             let mut batch = RaggedBatch::new();
             for seq in 0..3 {
                 batch.push_sequence(&[seq]);
             }
             for (i, &seq) in tokens.iter().enumerate() {
-                batch.push_token(seq, 0, i as u32, crate::TokenRole::Generated, true);
+                batch.push_token(seq, 0, i as u32, role, true);
             }
             batch
         };
-        // A decode step of three sequences, or of one.
-        assert!(one_token_per_sequence(&batch(&[0, 1, 2])));
-        assert!(one_token_per_sequence(&batch(&[1])));
-        // A prefill, a verify step, or sequences fed round-robin: a token's K must be stored
-        // before another block reads it, so rope_store_kv runs first.
-        assert!(!one_token_per_sequence(&batch(&[0, 0])));
-        assert!(!one_token_per_sequence(&batch(&[0, 1, 0, 1])));
-        // One token each, in another order: taken as several, which is only slower.
-        assert!(!one_token_per_sequence(&batch(&[2, 0])));
+        let generated = |tokens: &[usize]| batch(tokens, crate::TokenRole::Generated);
+        for prompt_rows_apart in [false, true] {
+            // A decode step of three sequences, or of one.
+            assert!(rotates_and_stores(
+                &generated(&[0, 1, 2]),
+                prompt_rows_apart
+            ));
+            assert!(rotates_and_stores(&generated(&[1]), prompt_rows_apart));
+            // A prefill, a verify step, or sequences fed round-robin: a token's K must be
+            // stored before another block reads it, so rope_store_kv runs first.
+            assert!(!rotates_and_stores(&generated(&[0, 0]), prompt_rows_apart));
+            assert!(!rotates_and_stores(
+                &generated(&[0, 1, 0, 1]),
+                prompt_rows_apart
+            ));
+            // One token each, in another order: taken as several, which is only slower.
+            assert!(!rotates_and_stores(&generated(&[2, 0]), prompt_rows_apart));
+        }
+        // Prompts of one token each: their own attention kernel, where prompt rows have one,
+        // reads K and V from the cache, so rope_store_kv stores them first.
+        let prompts = batch(&[0, 1, 2], crate::TokenRole::Prompt);
+        assert!(rotates_and_stores(&prompts, false));
+        assert!(!rotates_and_stores(&prompts, true));
     }
 
     #[test]
