@@ -188,6 +188,21 @@ impl Rows {
     }
 }
 
+/// What reads an activation matrix, so that a backend gives it only the copies its readers take
+/// (the GPU's quantized copy and scratch for its int8 matmuls, its f16 copy for the GEMM of
+/// prompt rows: for a 576-row logits buffer of a 151,936-token vocabulary, 175 MB each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivationUse {
+    /// No matmul: the residual stream, q, k and v, a product, the logits.
+    Plain,
+    /// The input of matmuls.
+    MatmulInput {
+        /// Whether any of their rows are prompt tokens' ([`Rows::prompt`]), as a layer's
+        /// projections' are and the output head's are not.
+        prompt_rows: bool,
+    },
+}
+
 /// One product of [`Backend::matmuls`]: `out = x . matrix^T (+ bias)`.
 pub struct Projection<'a, B: Backend + ?Sized> {
     /// The weights.
@@ -262,8 +277,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The (rows, cols) of a matrix.
     fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize);
 
-    /// An activation matrix of up to `rows` rows of `cols` values.
-    fn activations(&self, rows: usize, cols: usize) -> Result<Self::Activations, Error>;
+    /// An activation matrix of up to `rows` rows of `cols` values, read as `usage` says.
+    fn activations(
+        &self,
+        rows: usize,
+        cols: usize,
+        usage: ActivationUse,
+    ) -> Result<Self::Activations, Error>;
     /// A KV cache pool.
     fn kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache, Error>;
     /// A batch buffer of the given capacity for a model with the given rotary embedding and

@@ -30,8 +30,8 @@ mod hip;
 mod tuning;
 
 pub use backend::{
-    AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Projection, Rope, RopeStyle,
-    RowSampling, Rows, argmax,
+    ActivationUse, AttentionShape, Backend, BatchCapacity, KvLayout, PassShape, Projection, Rope,
+    RopeStyle, RowSampling, Rows, argmax,
 };
 pub use batch::{RaggedBatch, TokenRole};
 pub use cpu::{CpuActivations, CpuBackend, CpuBatch, CpuKvCache, CpuMatrix, CpuVector};

@@ -18,8 +18,8 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use lucebox_backend::{
-    ActivationPrecision, AttentionShape, Backend, BatchCapacity, CpuBackend, GpuTuning, Projection,
-    RaggedBatch, Rope, RopeStyle, Rows, TokenRole,
+    ActivationPrecision, ActivationUse, AttentionShape, Backend, BatchCapacity, CpuBackend,
+    GpuTuning, Projection, RaggedBatch, Rope, RopeStyle, Rows, TokenRole,
 };
 
 /// The backend under test: CUDA's when both are built.
@@ -481,7 +481,8 @@ fn embedded(
     };
     let mut device_batch = gpu.batch(capacity, ROPE, ATTENTION).unwrap();
     gpu.set_batch(&mut device_batch, &batch).unwrap();
-    let mut x = gpu.activations(ids.len(), cols).unwrap();
+    let usage = ActivationUse::MatmulInput { prompt_rows: false };
+    let mut x = gpu.activations(ids.len(), cols, usage).unwrap();
     gpu.embed(table, &device_batch, &mut x).unwrap();
     (device_batch, x)
 }
@@ -582,7 +583,7 @@ fn the_tensor_core_matmul_gives_each_row_the_matvec_s_bits() {
                     .zip(&loaded)
                     .map(|((_, gpu), (table, w, bias))| {
                         let (_batch, x) = embedded(gpu, table, &ids, cols);
-                        let mut out = gpu.activations(tokens, rows).unwrap();
+                        let mut out = gpu.activations(tokens, rows, ActivationUse::Plain).unwrap();
                         gpu.matmul(w, Some(bias), &x, Rows::generated(tokens), &mut out)
                             .unwrap();
                         let mut host = vec![0.0; tokens * rows];
@@ -694,7 +695,7 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
             let (_batch, x) = embedded(gpu, &table, ids, cols);
             let mut outs: Vec<_> = parts
                 .iter()
-                .map(|&rows| gpu.activations(tokens, rows).unwrap())
+                .map(|&rows| gpu.activations(tokens, rows, ActivationUse::Plain).unwrap())
                 .collect();
             let mut projections: Vec<_> = weights
                 .iter()

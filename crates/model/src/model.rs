@@ -2,7 +2,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use lucebox_backend::{
-    ActivationPrecision, Backend, BatchCapacity, KvLayout, PassShape, Projection, RaggedBatch, Rows,
+    ActivationPrecision, ActivationUse, Backend, BatchCapacity, KvLayout, PassShape, Projection,
+    RaggedBatch, Rows,
 };
 use lucebox_gguf::GgufFile;
 
@@ -249,8 +250,12 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// Activation buffers for forward passes of up to `capacity`.
+    /// Activation buffers for forward passes of up to `capacity`: the inputs of the layers'
+    /// projections take prompt rows, the output head's input none (`enqueue`).
     pub fn workspace(&self, capacity: BatchCapacity) -> Result<Workspace<B>, Error> {
+        const PLAIN: ActivationUse = ActivationUse::Plain;
+        const LAYER_INPUT: ActivationUse = ActivationUse::MatmulInput { prompt_rows: true };
+        const HEAD_INPUT: ActivationUse = ActivationUse::MatmulInput { prompt_rows: false };
         let b = &*self.backend;
         let c = &self.config;
         let t = capacity.tokens;
@@ -258,17 +263,17 @@ impl<B: Backend> Model<B> {
         Ok(Workspace {
             buffers: Buffers {
                 batch: b.batch(capacity, c.rope, c.attention_shape())?,
-                x: b.activations(t, c.embedding)?,
-                normed: b.activations(t, c.embedding)?,
-                sublayer: b.activations(t, c.embedding)?,
-                q: b.activations(t, c.heads * c.head_dim)?,
-                k: b.activations(t, c.kv_heads * c.head_dim)?,
-                v: b.activations(t, c.kv_heads * c.head_dim)?,
-                attn: b.activations(t, c.heads * c.head_dim)?,
-                gate: b.activations(t, c.feed_forward)?,
-                up: b.activations(t, c.feed_forward)?,
-                selected: b.activations(logits_rows, c.embedding)?,
-                logits: b.activations(logits_rows, c.vocab)?,
+                x: b.activations(t, c.embedding, PLAIN)?,
+                normed: b.activations(t, c.embedding, LAYER_INPUT)?,
+                sublayer: b.activations(t, c.embedding, PLAIN)?,
+                q: b.activations(t, c.heads * c.head_dim, PLAIN)?,
+                k: b.activations(t, c.kv_heads * c.head_dim, PLAIN)?,
+                v: b.activations(t, c.kv_heads * c.head_dim, PLAIN)?,
+                attn: b.activations(t, c.heads * c.head_dim, LAYER_INPUT)?,
+                gate: b.activations(t, c.feed_forward, LAYER_INPUT)?,
+                up: b.activations(t, c.feed_forward, PLAIN)?,
+                selected: b.activations(logits_rows, c.embedding, HEAD_INPUT)?,
+                logits: b.activations(logits_rows, c.vocab, PLAIN)?,
             },
             recordings: b.recordings(),
             logits_rows: 0,

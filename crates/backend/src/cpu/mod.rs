@@ -18,8 +18,8 @@ use memmap2::MmapMut;
 use crate::batch::slot_of;
 use crate::checks::{self, Dims};
 use crate::{
-    AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch, Rope,
-    RopeStyle, Rows,
+    ActivationUse, AttentionShape, Backend, BatchCapacity, Error, KvLayout, PassShape, RaggedBatch,
+    Rope, RopeStyle, Rows,
 };
 use pool::{DisjointMut, ThreadPool};
 
@@ -262,7 +262,13 @@ impl Backend for CpuBackend {
         (m.rows, m.cols)
     }
 
-    fn activations(&self, rows: usize, cols: usize) -> Result<CpuActivations, Error> {
+    /// The CPU quantizes a matmul's input as it multiplies, so every use gets the same buffer.
+    fn activations(
+        &self,
+        rows: usize,
+        cols: usize,
+        _usage: ActivationUse,
+    ) -> Result<CpuActivations, Error> {
         let len = rows.checked_mul(cols).ok_or(Error::OutOfMemory {
             what: "activations",
             bytes: u64::MAX,

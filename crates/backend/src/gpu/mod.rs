@@ -21,8 +21,8 @@ use lucebox_quant::{ActivationPrecision, Isa, WeightFormat};
 
 use crate::checks::{self, Dims, HeadDims};
 use crate::{
-    AttentionShape, Backend, BatchCapacity, Error, GpuTuning, KvLayout, PassShape, Projection,
-    RaggedBatch, Rope, RopeStyle, Rows,
+    ActivationUse, AttentionShape, Backend, BatchCapacity, Error, GpuTuning, KvLayout, PassShape,
+    Projection, RaggedBatch, Rope, RopeStyle, Rows,
 };
 pub(crate) use kernels::Kernels;
 use kernels::{FormatKernels, GEMM_TILES, MMQ_TILE_ROWS, PromptGemm, Streamed, StreamedMixed};
@@ -647,11 +647,17 @@ impl<R: Runtime> GpuBackend<R> {
     ) -> Result<&'a Quantized<R>, Error> {
         let quantized = x.quantized.as_ref().ok_or_else(|| Error::Shape {
             op: "matmul",
-            detail: format!(
-                "quantized weights take activations whose width is a multiple of \
-                 {QUANT_GROUP}, not {}",
-                x.cols
-            ),
+            detail: if x.cols.is_multiple_of(QUANT_GROUP) {
+                "quantized weights take activations allocated as a matmul's input, not \
+                 ActivationUse::Plain"
+                    .to_owned()
+            } else {
+                format!(
+                    "quantized weights take activations whose width is a multiple of \
+                     {QUANT_GROUP}, not {}",
+                    x.cols
+                )
+            },
         })?;
         if x.quantized_rows.get() < rows {
             let groups = (rows * x.cols / QUANT_GROUP) as i64;
@@ -1523,12 +1529,21 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         (m.rows, m.cols)
     }
 
-    fn activations(&self, rows: usize, cols: usize) -> Result<GpuActivations<R>, Error> {
+    fn activations(
+        &self,
+        rows: usize,
+        cols: usize,
+        usage: ActivationUse,
+    ) -> Result<GpuActivations<R>, Error> {
         let len = rows.checked_mul(cols).ok_or(Error::OutOfMemory {
             what: "activations",
             bytes: u64::MAX,
         })?;
-        let quantized = if cols.is_multiple_of(QUANT_GROUP) {
+        let (matmul_input, prompt_rows) = match usage {
+            ActivationUse::Plain => (false, false),
+            ActivationUse::MatmulInput { prompt_rows } => (true, prompt_rows),
+        };
+        let quantized = if matmul_input && cols.is_multiple_of(QUANT_GROUP) {
             Some(Quantized {
                 hi: self.zeros(len, "activations")?,
                 lo: self.zeros(len, "activations")?,
@@ -1550,7 +1565,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         } else {
             None
         };
-        let half = if self.tuning.prompt_gemm && cols.is_multiple_of(GEMM_K_STEP) {
+        let half = if prompt_rows && self.tuning.prompt_gemm && cols.is_multiple_of(GEMM_K_STEP) {
             Some(self.zeros(len, "activations")?)
         } else {
             None
@@ -1829,7 +1844,19 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         }
         // Prompt rows through the GEMM where every matrix has its f16 copy (which depends on
         // the matrices alone, so a row's class never depends on its pass), the rest after them
-        // through the int8 kernels.
+        // through the int8 kernels. The activations have their f16 copy wherever the matrices
+        // do, unless they were allocated for no prompt rows.
+        if rows.prompt > 0
+            && x.half.is_none()
+            && projections.iter().any(|p| p.matrix.half.is_some())
+        {
+            return Err(Error::Shape {
+                op: "matmul",
+                detail: "prompt rows from activations allocated for none \
+                         (ActivationUse::MatmulInput { prompt_rows: false })"
+                    .to_owned(),
+            });
+        }
         let gemm_rows = match (&self.kernels.prompt_gemm, &x.half) {
             (Some(gemm), Some(half))
                 if rows.prompt > 0 && projections.iter().all(|p| p.matrix.half.is_some()) =>
