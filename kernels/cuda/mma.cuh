@@ -17,9 +17,14 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *global
                  "r"(valid ? 16 : 0));
 }
 
-// Waits for every cp.async this thread issued.
-static __device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+// Closes this thread's group of cp.async issued since the last one.
+static __device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most `PENDING` of this thread's latest groups are still copying.
+template <int PENDING> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
 static __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const __half *p) {

@@ -109,108 +109,129 @@ static __device__ void prompt_attention_heads(const float *q, const __half *k_ca
         }
         float acc[HEAD_DIM / 8][4] = {};
         float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-        const unsigned tiles_to_take = last / TILE + 1;
-        for (unsigned tile = 0; tile < tiles_to_take; tile++) {
-            // The tile before is no longer read.
-            __syncthreads();
+        // Copies the rows of K or V (`cache`) at tile `tile`'s positions into `into`, zeros past
+        // the segment's last position, as one group of copies.
+        const auto copy_tile = [&](__half *into, const __half *cache, unsigned tile) {
             for (int c = threadIdx.x; c < TILE * CHUNKS; c += PROMPT_ATTENTION_WARPS * WARP_SIZE) {
                 const int i = c / CHUNKS, chunk = c % CHUNKS;
                 const unsigned p = tile * TILE + i;
                 const bool valid = p <= last;
                 const size_t slot =
                     valid ? (size_t)table[p / block_tokens] * block_tokens + p % block_tokens : 0;
-                const size_t at = slot * kv_width + (size_t)kv_head * HEAD_DIM + 8 * chunk;
-                cp_async16(k_tile + i * LD + 8 * chunk, k_cache + at, valid);
-                cp_async16(v_tile + i * LD + 8 * chunk, v_cache + at, valid);
+                cp_async16(into + i * LD + 8 * chunk,
+                           cache + slot * kv_width + (size_t)kv_head * HEAD_DIM + 8 * chunk, valid);
             }
-            cp_async_wait_all();
-            __syncthreads();
-            if (!warp_takes_part) {
-                continue;
-            }
-            // Scores of the warp's 16 rows against the tile's 64 positions: accumulator j
-            // holds positions 8j + 2 (lane % 4) and the next, for rows lane / 4 and + 8.
-            float score[TILE / 8][4] = {};
-#pragma unroll
-            for (int step = 0; step < HEAD_DIM / 16; step++) {
-#pragma unroll
-                for (int j = 0; j < TILE / 16; j++) {
-                    // Matrices 0 and 1: positions 16j..+7 at k and k + 8; 2 and 3: 16j+8..+15.
-                    unsigned b[4];
-                    ldmatrix_x4(b, k_tile + (16 * j + lane / 16 * 8 + lane % 8) * LD +
-                                       16 * step + (lane / 8) % 2 * 8);
-                    mma_f16(score[2 * j], q_frag[step], b[0], b[1]);
-                    mma_f16(score[2 * j + 1], q_frag[step], b[2], b[3]);
-                }
-            }
-            float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int j = 0; j < TILE / 8; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const unsigned p = tile * TILE + 8 * j + 2 * (lane % 4) + e % 2;
-                    if (p > limit[e / 2]) {
-                        score[j][e] = -INFINITY;
-                    }
-                    tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
-                }
-            }
-            float factor[2], tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                tile_max[h] = fmaxf(tile_max[h], SHFL_XOR(tile_max[h], 1));
-                tile_max[h] = fmaxf(tile_max[h], SHFL_XOR(tile_max[h], 2));
-                const float to = fmaxf(row_max[h], tile_max[h]);
-                // Exactly 1 where the maximum stays (a tile wholly past the row's position);
-                // exp(-inf) = +0 where the row saw nothing yet.
-                factor[h] = to == row_max[h] ? 1.0f : __expf(row_max[h] - to);
-                row_max[h] = to;
-            }
-            // The weights (exp(-inf) is +0), in place of the scores.
-#pragma unroll
-            for (int j = 0; j < TILE / 8; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    score[j][e] = __expf(score[j][e] - row_max[e / 2]);
-                    tile_sum[e / 2] += score[j][e];
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                tile_sum[h] += SHFL_XOR(tile_sum[h], 1);
-                tile_sum[h] += SHFL_XOR(tile_sum[h], 2);
-                row_sum[h] = row_sum[h] * factor[h] + tile_sum[h];
-            }
-#pragma unroll
-            for (int n = 0; n < HEAD_DIM / 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    acc[n][e] *= factor[e / 2];
-                }
-            }
-            // P V: the weights' accumulators are the A fragments of positions 16t..16t+15.
-#pragma unroll
-            for (int t = 0; t < TILE / 16; t++) {
-                const unsigned p_frag[4] = {
-                    half2_bits(score[2 * t][0], score[2 * t][1]),
-                    half2_bits(score[2 * t][2], score[2 * t][3]),
-                    half2_bits(score[2 * t + 1][0], score[2 * t + 1][1]),
-                    half2_bits(score[2 * t + 1][2], score[2 * t + 1][3]),
-                };
-#pragma unroll
-                for (int n = 0; n < HEAD_DIM / 16; n++) {
-                    // Matrices 0 and 1: dimensions 16n..+7 at positions 16t and 16t + 8; 2
-                    // and 3: 16n+8..+15.
-                    unsigned b[4];
-                    ldmatrix_x4_trans(b, v_tile + (16 * t + (lane / 8) % 2 * 8 + lane % 8) * LD +
-                                             16 * n + lane / 16 * 8);
-                    mma_f16(acc[2 * n], p_frag, b[0], b[1]);
-                    mma_f16(acc[2 * n + 1], p_frag, b[2], b[3]);
-                }
-            }
-        }
-        // Every warp is done with the tiles before their memory takes the results.
+            cp_async_commit();
+        };
+        const unsigned tiles_to_take = last / TILE + 1;
+        // A tile's V is copied while its scores are computed, and the next tile's K while its
+        // weights multiply V: one group in flight behind the one waited for, the tiles' memory
+        // reused once every warp is past its last read (the results of the segment before
+        // included).
         __syncthreads();
+        copy_tile(k_tile, k_cache, 0);
+        for (unsigned tile = 0; tile < tiles_to_take; tile++) {
+            copy_tile(v_tile, v_cache, tile);
+            cp_async_wait<1>();
+            __syncthreads();
+            // Scores of the warp's 16 rows against the tile's 64 positions, then their
+            // weights: accumulator j holds positions 8j + 2 (lane % 4) and the next, for rows
+            // lane / 4 and + 8.
+            float score[TILE / 8][4] = {};
+            if (warp_takes_part) {
+#pragma unroll
+                for (int step = 0; step < HEAD_DIM / 16; step++) {
+#pragma unroll
+                    for (int j = 0; j < TILE / 16; j++) {
+                        // Matrices 0 and 1: positions 16j..+7 at k and k + 8; 2 and 3:
+                        // 16j+8..+15.
+                        unsigned b[4];
+                        ldmatrix_x4(b, k_tile + (16 * j + lane / 16 * 8 + lane % 8) * LD +
+                                           16 * step + (lane / 8) % 2 * 8);
+                        mma_f16(score[2 * j], q_frag[step], b[0], b[1]);
+                        mma_f16(score[2 * j + 1], q_frag[step], b[2], b[3]);
+                    }
+                }
+                float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                for (int j = 0; j < TILE / 8; j++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const unsigned p = tile * TILE + 8 * j + 2 * (lane % 4) + e % 2;
+                        if (p > limit[e / 2]) {
+                            score[j][e] = -INFINITY;
+                        }
+                        tile_max[e / 2] = fmaxf(tile_max[e / 2], score[j][e]);
+                    }
+                }
+                float factor[2], tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    tile_max[h] = fmaxf(tile_max[h], SHFL_XOR(tile_max[h], 1));
+                    tile_max[h] = fmaxf(tile_max[h], SHFL_XOR(tile_max[h], 2));
+                    const float to = fmaxf(row_max[h], tile_max[h]);
+                    // Exactly 1 where the maximum stays (a tile wholly past the row's
+                    // position); exp(-inf) = +0 where the row saw nothing yet.
+                    factor[h] = to == row_max[h] ? 1.0f : __expf(row_max[h] - to);
+                    row_max[h] = to;
+                }
+                // The weights (exp(-inf) is +0), in place of the scores.
+#pragma unroll
+                for (int j = 0; j < TILE / 8; j++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        score[j][e] = __expf(score[j][e] - row_max[e / 2]);
+                        tile_sum[e / 2] += score[j][e];
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    tile_sum[h] += SHFL_XOR(tile_sum[h], 1);
+                    tile_sum[h] += SHFL_XOR(tile_sum[h], 2);
+                    row_sum[h] = row_sum[h] * factor[h] + tile_sum[h];
+                }
+#pragma unroll
+                for (int n = 0; n < HEAD_DIM / 8; n++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        acc[n][e] *= factor[e / 2];
+                    }
+                }
+            }
+            __syncthreads();
+            if (tile + 1 < tiles_to_take) {
+                copy_tile(k_tile, k_cache, tile + 1);
+            } else {
+                cp_async_commit();
+            }
+            cp_async_wait<1>();
+            __syncthreads();
+            if (warp_takes_part) {
+                // P V: the weights' accumulators are the A fragments of positions 16t..16t+15.
+#pragma unroll
+                for (int t = 0; t < TILE / 16; t++) {
+                    const unsigned p_frag[4] = {
+                        half2_bits(score[2 * t][0], score[2 * t][1]),
+                        half2_bits(score[2 * t][2], score[2 * t][3]),
+                        half2_bits(score[2 * t + 1][0], score[2 * t + 1][1]),
+                        half2_bits(score[2 * t + 1][2], score[2 * t + 1][3]),
+                    };
+#pragma unroll
+                    for (int n = 0; n < HEAD_DIM / 16; n++) {
+                        // Matrices 0 and 1: dimensions 16n..+7 at positions 16t and 16t + 8;
+                        // 2 and 3: 16n+8..+15.
+                        unsigned b[4];
+                        ldmatrix_x4_trans(b, v_tile +
+                                                 (16 * t + (lane / 8) % 2 * 8 + lane % 8) * LD +
+                                                 16 * n + lane / 16 * 8);
+                        mma_f16(acc[2 * n], p_frag, b[0], b[1]);
+                        mma_f16(acc[2 * n + 1], p_frag, b[2], b[3]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        // The last barrier above also frees the tiles' memory for the results.
         if (warp_takes_part) {
             float *const staged = results + warp * 16 * HEAD_DIM;
 #pragma unroll

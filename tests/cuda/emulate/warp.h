@@ -93,7 +93,8 @@ static inline void cp_async16(void *smem, const void *global, bool valid) {
         memset(smem, 0, 16);
     }
 }
-static inline void cp_async_wait_all() {}
+static inline void cp_async_commit() {}
+template <int PENDING> static inline void cp_async_wait() {}
 
 static inline unsigned pack(__half a, __half b) {
     const __half h[2] = {a, b};
