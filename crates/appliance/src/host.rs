@@ -137,10 +137,13 @@ pub struct KernelTuning {
     #[serde(default)]
     pub streamed_matmul: Option<bool>,
     /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM over f16 copies of
-    /// the layers' matrices, and their attention on f16 tensor-core tiles; absent (off) on
-    /// chips without them (HIP).
+    /// the layers' matrices; absent (off) on chips without it (HIP).
     #[serde(default)]
     pub prompt_gemm: Option<bool>,
+    /// Prompt tokens' rows of attention run on f16 tensor-core tiles; absent (off) on chips
+    /// without them (HIP).
+    #[serde(default)]
+    pub prompt_attention: Option<bool>,
 }
 
 /// A target model and what drafts for it.
@@ -596,7 +599,7 @@ mod tests {
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
     const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\nmmq_rows = 3\n\
-         streamed_matmul = true\nprompt_gemm = true\n";
+         streamed_matmul = true\nprompt_gemm = true\nprompt_attention = false\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
         drafter = \"qwen2.5-coder-0.5b-instruct-q4_k_m\"\ndefault = true\n\
         verified = { status = \"unmeasured\" }\n";
@@ -666,6 +669,7 @@ mod tests {
                 mmq_rows: Some(3),
                 streamed_matmul: Some(true),
                 prompt_gemm: Some(true),
+                prompt_attention: Some(false),
             })
         );
     }

@@ -34,14 +34,18 @@ pub struct GpuTuning {
     pub streamed_matmul: bool,
     /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM (CUDA, sm_80 and
     /// later: `kernels/cuda/gemm.cu`) over f16 copies of the layers' matrices made when they
-    /// load, and their attention, for heads of up to 128 dimensions, through f16 tiles on the
-    /// tensor cores (`kernels/cuda/prompt_attention.cu`); the other rows through the kernels
-    /// above. Each way gives a row the same bits in any pass, so a token's results depend on
-    /// its role, not its batch; the prompt's rows move within rounding against the int8
-    /// kernels. The copies take two bytes a weight (2.6 GB for the 1.5B's layers), and a
-    /// 512-token prompt's matmuls 2.6x less time on an H100 (README, "The prefill matmul's two
-    /// routes").
+    /// load, the other rows through the kernels above. Each way gives a row the same bits in
+    /// any pass, so a token's results depend on its role, not its batch; the prompt's rows
+    /// move within rounding against the int8 kernels. The copies take two bytes a weight (2.6
+    /// GB for the 1.5B's layers), and a 512-token prompt's matmuls 2.6x less time on an H100
+    /// (README, "The prefill matmul's two routes").
     pub prompt_gemm: bool,
+    /// Prompt tokens' rows of attention, for heads of up to 128 dimensions, run on f16 tiles
+    /// of K and V shared by 64 rows, on the tensor cores (CUDA, sm_80 and later:
+    /// `kernels/cuda/prompt_attention.cu`), the other rows through `attention_warps`' kernel.
+    /// As with `prompt_gemm`, a row's bits depend on its role, not its pass; it takes no
+    /// memory. Not yet run on a GPU (README, "Prompt rows' attention on the tensor cores").
+    pub prompt_attention: bool,
 }
 
 impl GpuTuning {
@@ -62,7 +66,8 @@ impl GpuTuning {
     /// sequences 20% and 70% faster, 2 and 4 sequences 45% and 19% slower. The streamed matmul
     /// stays off here, where the GPU tests take the matvec as their reference, and a single
     /// stream decodes 6% faster without it; the CUDA host profiles turn it on. The GEMM of
-    /// prompt rows stays off: its f16 copies take about four times the memory of Q4_K weights.
+    /// prompt rows stays off: its f16 copies take about four times the memory of Q4_K weights;
+    /// so does prompt rows' attention kernel until it has run on a GPU.
     pub const DEFAULT: GpuTuning = GpuTuning {
         matvec_warps: 4,
         attention_warps: 16,
@@ -70,6 +75,7 @@ impl GpuTuning {
         mmq_rows: 6,
         streamed_matmul: false,
         prompt_gemm: false,
+        prompt_attention: false,
     };
 
     /// Fails when a value is out of the kernels' range.

@@ -49,14 +49,14 @@ const DRAFTER: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
 /// differ by rounding alone; the CPU is within 1.2e-3 of a float64 reference (tests/reference).
 const LOGITS_BOUND: f64 = 5e-3;
 
-/// [`LOGITS_BOUND`] for logits rows whose layers multiplied prompt rows through the f16 GEMM
-/// (`GpuTuning::prompt_gemm`): it rounds each weight and each activation to f16 (11 bits),
-/// where the int8 kernels take the weights exactly and the activations to about 14 bits of
-/// their group's largest. On an H100: SmolLM2 5.05e-3 (one argmax of 63 rows moved), the 0.5B
-/// 1.63e-3, the 1.5B 2.71e-3, against 1.29e-3, 4.2e-4 and 3.1e-4 through the int8 kernels,
-/// before prompt rows also took their own attention kernel, which rounds q and the softmax
-/// weights to f16 (not yet run on a GPU).
-const PROMPT_GEMM_BOUND: f64 = 1e-2;
+/// [`LOGITS_BOUND`] for logits rows computed through prompt rows' own kernels. The f16 GEMM
+/// (`GpuTuning::prompt_gemm`) rounds each weight and each activation to f16 (11 bits), where
+/// the int8 kernels take the weights exactly and the activations to about 14 bits of their
+/// group's largest: on an H100, SmolLM2 5.05e-3 (one argmax of 63 rows moved), the 0.5B
+/// 1.63e-3, the 1.5B 2.71e-3, against 1.29e-3, 4.2e-4 and 3.1e-4 through the int8 kernels.
+/// Prompt rows' attention kernel (`GpuTuning::prompt_attention`) rounds q and the softmax
+/// weights to f16; not yet run on a GPU.
+const PROMPT_ROWS_BOUND: f64 = 1e-2;
 
 const PROMPTS: [&str; 4] = [
     "def fibonacci(n):\n",
@@ -150,7 +150,7 @@ fn config() -> SessionConfig {
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn logits_agree_with_the_cpu_within_the_bound() {
-    for tuning in [GpuTuning::DEFAULT, STREAMED, PROMPT_GEMM] {
+    for tuning in [GpuTuning::DEFAULT, STREAMED, PROMPT_GEMM, PROMPT_ATTENTION] {
         logits_agree_with_the_cpu_within_the_bound_with(tuning);
     }
 }
@@ -159,8 +159,8 @@ fn logits_agree_with_the_cpu_within_the_bound_with(tuning: GpuTuning) {
     let gpu = tuned(tuning);
     let cpu = Arc::new(CpuBackend::new(None).unwrap());
     println!("{}", gpu.describe());
-    let bound = if tuning.prompt_gemm {
-        PROMPT_GEMM_BOUND
+    let bound = if tuning.prompt_gemm || tuning.prompt_attention {
+        PROMPT_ROWS_BOUND
     } else {
         LOGITS_BOUND
     };
@@ -257,7 +257,7 @@ const NEAR_TIE: f32 = 0.05;
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie() {
-    for tuning in [GpuTuning::DEFAULT, STREAMED, PROMPT_GEMM] {
+    for tuning in [GpuTuning::DEFAULT, STREAMED, PROMPT_GEMM, PROMPT_ATTENTION] {
         greedy_continuations_equal_the_cpu_s_or_part_only_at_a_near_tie_with(tuning);
     }
 }
@@ -322,16 +322,22 @@ const STREAMED: GpuTuning = GpuTuning {
     ..GpuTuning::DEFAULT
 };
 
-/// The streamed matmul, prompt rows through the f16 GEMM and, for heads of up to 128
-/// dimensions, the prompt rows' attention kernel.
+/// The streamed matmul, prompt rows through the f16 GEMM.
 const PROMPT_GEMM: GpuTuning = GpuTuning {
     prompt_gemm: true,
     ..STREAMED
 };
 
+/// The streamed matmul, prompt rows' attention on the tensor cores.
+const PROMPT_ATTENTION: GpuTuning = GpuTuning {
+    prompt_attention: true,
+    ..STREAMED
+};
+
 /// The default launch shapes; verify steps and small batches through the one-row matvec;
-/// through the multi-row matvecs; the streamed matmul; and prompt rows through the GEMM.
-const TUNINGS: [GpuTuning; 5] = [
+/// through the multi-row matvecs; the streamed matmul; prompt rows through the GEMM; and
+/// prompt rows' attention on the tensor cores.
+const TUNINGS: [GpuTuning; 6] = [
     GpuTuning::DEFAULT,
     GpuTuning {
         matvec_loop_rows: 16,
@@ -345,6 +351,7 @@ const TUNINGS: [GpuTuning; 5] = [
     },
     STREAMED,
     PROMPT_GEMM,
+    PROMPT_ATTENTION,
 ];
 
 /// The byte offsets of the f16 scales (and minimums) in one block of each quantized format;
@@ -990,13 +997,13 @@ fn long_sequences_attend_in_splits_within_the_bound_and_batch_invariant() {
 
 #[test]
 #[ignore = "needs a GPU and fetched models"]
-fn prompt_rows_get_the_same_bits_however_the_prompt_is_cut_with_the_prompt_gemm() {
-    // With `prompt_gemm`, prompt rows take the f16 GEMM and their own attention kernel, whose
-    // blocks share tiles of 64 positions between 64 rows (kernels/cuda/prompt_attention.cu): a
-    // row's bits must depend on its sequence alone. 1,100, 300 and 40 tokens, each in one pass,
-    // give the bits of one pass taking them round-robin (every block's rows from three
-    // sequences) and of passes of 37 tokens of each (sequences changing inside a warp's 16
-    // rows); the long one stays within the GEMM's bound of the CPU.
+fn prompt_rows_get_the_same_bits_however_the_prompt_is_cut() {
+    // Prompt rows' own kernels (the f16 GEMM, the attention whose blocks share tiles of 64
+    // positions between 64 rows: kernels/cuda/prompt_attention.cu) must give a row bits that
+    // depend on its sequence alone: 1,100, 300 and 40 tokens, each in one pass, give the bits
+    // of one pass taking them round-robin (every block's rows from three sequences) and of
+    // passes of 37 tokens of each (sequences changing inside a warp's 16 rows); the long one
+    // stays within the bound of the CPU. With each kernel, and with both.
     const CHUNK: usize = 37;
     let file = open(TARGET);
     let on_cpu = on(&Arc::new(CpuBackend::new(None).unwrap()), &file);
@@ -1006,22 +1013,7 @@ fn prompt_rows_get_the_same_bits_however_the_prompt_is_cut_with_the_prompt_gemm(
         .iter()
         .map(|&n| common::random_tokens(&mut rng, n, vocab))
         .collect();
-    let model = on(&tuned(PROMPT_GEMM), &file);
-    let alone: Vec<Vec<f32>> = sequences
-        .iter()
-        .map(|s| common::prefill_logits(&model, s))
-        .collect();
-    let worst = alone[0]
-        .chunks_exact(vocab)
-        .zip(common::prefill_logits(&on_cpu, &sequences[0]).chunks_exact(vocab))
-        .map(|(x, y)| relative_l2(x, y))
-        .fold(0.0f64, f64::max);
-    println!("1,100 prompt positions within {worst:.2e} of the CPU");
-    assert!(
-        worst <= PROMPT_GEMM_BOUND,
-        "{worst:.2e} above {PROMPT_GEMM_BOUND:.0e}"
-    );
-    let round_robin = common::batched_logits(&model, &sequences, &common::round_robin(&sequences));
+    let reference = common::prefill_logits(&on_cpu, &sequences[0]);
     let longest = sequences.iter().map(Vec::len).max().unwrap_or(0);
     let chunks: Vec<Vec<(usize, usize)>> = (0..longest)
         .step_by(CHUNK)
@@ -1035,20 +1027,44 @@ fn prompt_rows_get_the_same_bits_however_the_prompt_is_cut_with_the_prompt_gemm(
                 .collect()
         })
         .collect();
-    let chunked = common::logits_in_passes(&model, &sequences, &chunks);
-    for (s, one_pass) in alone.iter().enumerate() {
+    let both = GpuTuning {
+        prompt_gemm: true,
+        ..PROMPT_ATTENTION
+    };
+    for tuning in [PROMPT_GEMM, PROMPT_ATTENTION, both] {
+        let model = on(&tuned(tuning), &file);
+        let alone: Vec<Vec<f32>> = sequences
+            .iter()
+            .map(|s| common::prefill_logits(&model, s))
+            .collect();
+        let worst = alone[0]
+            .chunks_exact(vocab)
+            .zip(reference.chunks_exact(vocab))
+            .map(|(x, y)| relative_l2(x, y))
+            .fold(0.0f64, f64::max);
+        println!("{tuning:?}: 1,100 prompt positions within {worst:.2e} of the CPU");
         assert!(
-            round_robin[s] == *one_pass,
-            "sequence {s}: round-robin with the others differs from one pass"
+            worst <= PROMPT_ROWS_BOUND,
+            "{tuning:?}: {worst:.2e} above {PROMPT_ROWS_BOUND:.0e}"
         );
-        assert!(
-            chunked[s] == *one_pass,
-            "sequence {s}: passes of {CHUNK} tokens differ from one pass"
+        let round_robin =
+            common::batched_logits(&model, &sequences, &common::round_robin(&sequences));
+        let chunked = common::logits_in_passes(&model, &sequences, &chunks);
+        for (s, one_pass) in alone.iter().enumerate() {
+            assert!(
+                round_robin[s] == *one_pass,
+                "{tuning:?}, sequence {s}: round-robin with the others differs from one pass"
+            );
+            assert!(
+                chunked[s] == *one_pass,
+                "{tuning:?}, sequence {s}: passes of {CHUNK} tokens differ from one pass"
+            );
+        }
+        println!(
+            "{tuning:?}: 1,100, 300 and 40 prompt tokens: one pass each, round-robin and passes \
+             of {CHUNK} agree bitwise"
         );
     }
-    println!(
-        "1,100, 300 and 40 prompt tokens: one pass each, round-robin and passes of {CHUNK} agree bitwise"
-    );
 }
 
 /// The host's draw with uniform `u` from `d` (token order), and how far `u` lies from the

@@ -137,11 +137,16 @@ pub(crate) struct TuningArgs {
     streamed_matmul: Option<bool>,
     #[arg(long, value_name = "BOOL", help = format!(
         "GPU only: prompt tokens' rows of the layers' matmuls through an f16 GEMM over f16 \
-         copies of the matrices, and their attention on f16 tensor-core tiles [default: the \
-         profile's `[kernels]`, else {}]",
+         copies of the matrices [default: the profile's `[kernels]`, else {}]",
         GpuTuning::DEFAULT.prompt_gemm,
     ))]
     prompt_gemm: Option<bool>,
+    #[arg(long, value_name = "BOOL", help = format!(
+        "GPU only: prompt tokens' rows of attention on f16 tensor-core tiles [default: the \
+         profile's `[kernels]`, else {}]",
+        GpuTuning::DEFAULT.prompt_attention,
+    ))]
+    prompt_attention: Option<bool>,
 }
 
 /// The help of a tuning flag that sets `what`, `default` without a profile.
@@ -151,10 +156,11 @@ fn tuning_help(what: &str, default: u32) -> String {
 
 impl TuningArgs {
     /// The on/off flags and their values, given or not.
-    fn switches(&self) -> [(&'static str, Option<bool>); 2] {
+    fn switches(&self) -> [(&'static str, Option<bool>); 3] {
         [
             ("--streamed-matmul", self.streamed_matmul),
             ("--prompt-gemm", self.prompt_gemm),
+            ("--prompt-attention", self.prompt_attention),
         ]
     }
 
@@ -197,7 +203,8 @@ impl TuningArgs {
         {
             bail!(
                 "--matvec-warps, --attention-warps, --matvec-loop-rows, --mmq-rows, \
-                 --streamed-matmul and --prompt-gemm tune the GPU kernels, not --device cpu"
+                 --streamed-matmul, --prompt-gemm and --prompt-attention tune the GPU kernels, \
+                 not --device cpu"
             );
         }
         let base = profile
@@ -211,6 +218,9 @@ impl TuningArgs {
                     .streamed_matmul
                     .unwrap_or(GpuTuning::DEFAULT.streamed_matmul),
                 prompt_gemm: k.prompt_gemm.unwrap_or(GpuTuning::DEFAULT.prompt_gemm),
+                prompt_attention: k
+                    .prompt_attention
+                    .unwrap_or(GpuTuning::DEFAULT.prompt_attention),
             });
         Ok(GpuTuning {
             matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
@@ -219,6 +229,7 @@ impl TuningArgs {
             mmq_rows: self.mmq_rows.unwrap_or(base.mmq_rows),
             streamed_matmul: self.streamed_matmul.unwrap_or(base.streamed_matmul),
             prompt_gemm: self.prompt_gemm.unwrap_or(base.prompt_gemm),
+            prompt_attention: self.prompt_attention.unwrap_or(base.prompt_attention),
         })
     }
 }
@@ -321,9 +332,11 @@ mod tests {
                 .validate()
                 .unwrap_or_else(|e| panic!("hosts/{}.toml: {e}", profile.chip().name()));
             assert_eq!(profile.kernels().is_some(), device != Device::Cpu);
-            // HIP has no streamed matmul and no GEMM: its backend would refuse to start.
+            // HIP has no streamed matmul, no GEMM and no tensor-core attention: its backend
+            // would refuse to start.
             assert!(
-                !(device == Device::Hip && (tuning.streamed_matmul || tuning.prompt_gemm)),
+                !(device == Device::Hip
+                    && (tuning.streamed_matmul || tuning.prompt_gemm || tuning.prompt_attention)),
                 "hosts/{}.toml",
                 profile.chip().name()
             );

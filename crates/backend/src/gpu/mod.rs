@@ -386,6 +386,12 @@ impl<R: Runtime> GpuBackend<R> {
                 "prompt_gemm = true: {device} has no f16 GEMM kernel (CUDA, sm_80 and later)"
             )));
         }
+        if tuning.prompt_attention && kernels.prompt_attentions().next().is_none() {
+            return Err(Error::Tuning(format!(
+                "prompt_attention = true: {device} has no tensor-core attention kernel (CUDA, \
+                 sm_80 and later)"
+            )));
+        }
         if tuning.streamed_matmul && kernels.mmts().next().is_none() {
             return Err(Error::Tuning(format!(
                 "streamed_matmul = true: {device} has no streamed matmul kernel (CUDA, sm_80 \
@@ -570,10 +576,9 @@ impl<R: Runtime> GpuBackend<R> {
     }
 
     /// Launches the attention of the batch's prompt rows on the tensor cores where the host
-    /// profile sends prompt rows through f16 kernels (`prompt_gemm`) and the images have the
-    /// kernel for these heads; returns how many leading rows it took (0 or the prompt rows).
-    /// Its bits are not `attention_<head_dim>`'s, which the other rows take: the prompt rows
-    /// already differ by their GEMM ([`Backend::prompt_rows_differ`]).
+    /// profile asks for it (`prompt_attention`) and the images have the kernel for these heads;
+    /// returns how many leading rows it took (0 or the prompt rows). Its bits are not
+    /// `attention_<head_dim>`'s, which the other rows take ([`Backend::prompt_rows_differ`]).
     fn launch_prompt_attention(
         &self,
         q: &GpuActivations<R>,
@@ -585,7 +590,7 @@ impl<R: Runtime> GpuBackend<R> {
     ) -> Result<usize, Error> {
         let prompt = batch.host.prompt_tokens();
         let kernel = match self.kernels.prompt_attention(shape.head_dim) {
-            Some(kernel) if self.tuning.prompt_gemm && prompt > 0 => kernel,
+            Some(kernel) if self.tuning.prompt_attention && prompt > 0 => kernel,
             _ => return Ok(0),
         };
         let d = &batch.device;
@@ -1293,8 +1298,8 @@ struct AttentionLaunch {
     /// with the same arithmetic whatever their number.
     block_warps: u32,
     /// Whether attention rotates q and k and stores K and V itself, as `rope_store_kv` would
-    /// (a pass where each sequence has one token: [`Backend::attend`]; with `prompt_gemm`, none
-    /// of them a prompt token, whose attention kernel does not store).
+    /// (a pass where each sequence has one token: [`Backend::attend`]; with `prompt_attention`,
+    /// none of them a prompt token, whose attention kernel does not store).
     rotates_and_stores: bool,
 }
 
@@ -1383,7 +1388,7 @@ fn check_rope_store_kv<R: Runtime>(
 
 /// Whether a pass's attention rotates q and k and stores K and V itself, doing `rope_store_kv`'s
 /// work: where each of the batch's tokens is its sequence's only one (a decode step), and, when
-/// prompt rows take their own attention kernel (`prompt_rows_apart`, the `prompt_gemm`
+/// prompt rows take their own attention kernel (`prompt_rows_apart`, the `prompt_attention`
 /// tuning), none is a prompt token: that kernel reads K and V from the cache alone. One token
 /// per sequence is checked as the tokens' sequences strictly increasing, the order the engine
 /// pushes them in; a batch in another order is taken as having several.
@@ -1677,7 +1682,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.upload(&dst.cos[..tables], &mut d.cos)?;
         self.upload(&dst.sin[..tables], &mut d.sin)?;
         dst.attention = AttentionLaunch {
-            rotates_and_stores: rotates_and_stores(src, self.tuning.prompt_gemm),
+            rotates_and_stores: rotates_and_stores(src, self.tuning.prompt_attention),
             ..AttentionLaunch::of(
                 src.positions(),
                 dst.heads,
@@ -1728,7 +1733,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
     }
 
     fn prompt_rows_differ(&self) -> bool {
-        self.tuning.prompt_gemm
+        self.tuning.prompt_gemm || self.tuning.prompt_attention
     }
 
     fn passes_recorded(&self) -> u64 {
