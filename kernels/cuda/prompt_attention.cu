@@ -1,9 +1,9 @@
 // Causal attention of a pass's prompt rows on the tensor cores (flash attention: Q K^T and P V
 // as f16 mma with f32 accumulators, an online softmax between them), launched where the host
-// profile's `prompt_gemm` sends prompt rows through f16 tensor-core kernels. attention.cu's
-// kernel gives each (token, head) its own block, which reads every K and V row of the prefix
-// for itself; here a block's 64 query rows share each tile of 64 positions it copies into
-// shared memory, and multiply it on the tensor cores.
+// profile's `prompt_attention` asks for it. attention.cu's kernel gives each (token, head) its
+// own block, which reads every K and V row of the prefix for itself; here a block's 64 query
+// rows share each tile of 64 positions it copies into shared memory, and multiply it on the
+// tensor cores.
 //
 // Its bits are not attention.cu's, so it takes prompt rows only (a generated token's row stays
 // on attention.cu, README "Prefill through an f16 GEMM"), and it gives a row the same bits

@@ -1,7 +1,7 @@
 // Prompt rows' attention, the two kernels the CUDA backend has for it, on a random paged KV
 // cache in the shapes of the test models: attention.cu's (a block per token and head, what
 // every row takes by default) and prompt_attention.cu's (tiles of K and V shared by 64 rows
-// on the tensor cores, what prompt rows take with `prompt_gemm`). For each shape it
+// on the tensor cores, what prompt rows take with `prompt_attention`). For each shape it
 // - compares the two (largest difference against the largest output: f16 rounding of q and of
 //   the weights);
 // - checks that prompt_attention gives every row the same bits whatever pass it is in: the
