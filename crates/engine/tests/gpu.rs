@@ -90,6 +90,14 @@ fn relative_l2(a: &[f32], b: &[f32]) -> f64 {
     (diff / norm).sqrt()
 }
 
+/// The largest [`relative_l2`] between rows of `cols` values of `a` and of `b`.
+fn worst_row(a: &[f32], b: &[f32], cols: usize) -> f64 {
+    a.chunks_exact(cols)
+        .zip(b.chunks_exact(cols))
+        .map(|(x, y)| relative_l2(x, y))
+        .fold(0.0, f64::max)
+}
+
 fn greedy<G: Generator>(generator: &mut G, prompt: &[u32], tokens: usize) -> Vec<u32> {
     generated(generator, prompt, &SamplingParams::default(), tokens).0
 }
@@ -205,13 +213,7 @@ fn kernel_tuning_changes_logits_at_most_by_rounding() {
         &on(&Arc::new(CpuBackend::new(None).unwrap()), &file),
         &tokens,
     );
-    let worst = |logits: &[f32], against: &[f32]| {
-        logits
-            .chunks_exact(vocab)
-            .zip(against.chunks_exact(vocab))
-            .map(|(x, y)| relative_l2(x, y))
-            .fold(0.0, f64::max)
-    };
+    let worst = |logits: &[f32], against: &[f32]| worst_row(logits, against, vocab);
     for warps in [1, 2, 8, 16] {
         // Each warp computes its weight row alone: rows per block cannot change a bit.
         let matvec = GpuTuning {
@@ -959,11 +961,7 @@ fn long_sequences_attend_in_splits_within_the_bound_and_batch_invariant() {
             &file,
         );
         let a = common::prefill_logits(&on_gpu, long);
-        let worst = a
-            .chunks_exact(vocab)
-            .zip(reference.chunks_exact(vocab))
-            .map(|(x, y)| relative_l2(x, y))
-            .fold(0.0f64, f64::max);
+        let worst = worst_row(&a, &reference, vocab);
         println!("{warps} warps: 1,100 positions within {worst:.2e} of the CPU");
         assert!(
             worst <= LOGITS_BOUND,
@@ -1037,11 +1035,7 @@ fn prompt_rows_get_the_same_bits_however_the_prompt_is_cut() {
             .iter()
             .map(|s| common::prefill_logits(&model, s))
             .collect();
-        let worst = alone[0]
-            .chunks_exact(vocab)
-            .zip(reference.chunks_exact(vocab))
-            .map(|(x, y)| relative_l2(x, y))
-            .fold(0.0f64, f64::max);
+        let worst = worst_row(&alone[0], &reference, vocab);
         println!("{tuning:?}: 1,100 prompt positions within {worst:.2e} of the CPU");
         assert!(
             worst <= PROMPT_ROWS_BOUND,
