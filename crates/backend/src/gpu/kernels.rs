@@ -6,6 +6,7 @@ use std::sync::Arc;
 use lucebox_gguf::GgmlType;
 
 use super::{HEAD_DIMS, PROMPT_ATTENTION_HEAD_DIMS};
+use crate::checks::HeadDims;
 
 /// Every kernel, loaded for one device.
 pub(crate) struct Kernels<F> {
@@ -15,8 +16,8 @@ pub(crate) struct Kernels<F> {
     pub(crate) rope: F,
     pub(crate) rope_store_kv: F,
     pub(crate) store_kv: F,
-    /// Attention for heads of 32, 64, ... [`HEAD_DIMS`]`.max` dimensions, in that order.
-    attention: Vec<F>,
+    /// Attention for every head length of [`HEAD_DIMS`].
+    pub(crate) attention: PerHeadDim<F>,
     pub(crate) silu_mul: F,
     pub(crate) add: F,
     pub(crate) gather_rows: F,
@@ -25,10 +26,52 @@ pub(crate) struct Kernels<F> {
     pub(crate) quantize_q8: F,
     /// The f16 GEMM of prompt rows (`gemm.cu`); absent where the images have none (HIP).
     pub(crate) prompt_gemm: Option<PromptGemm<F>>,
-    /// Prompt rows' attention on the tensor cores (`prompt_attention.cu`) for heads of 32,
-    /// 64, ... [`PROMPT_ATTENTION_HEAD_DIMS`]`.max` dimensions, in that order; empty where the
-    /// images have none (HIP).
-    prompt_attention: Vec<F>,
+    /// Prompt rows' attention on the tensor cores (`prompt_attention.cu`) for every head
+    /// length of [`PROMPT_ATTENTION_HEAD_DIMS`]; absent where the images have none (HIP).
+    pub(crate) prompt_attention: Option<PerHeadDim<F>>,
+}
+
+/// A family's kernel for each head length it takes: `<family>_<head_dim>` for the multiples
+/// of `dims.multiple_of` up to `dims.max`, shortest first.
+pub(crate) struct PerHeadDim<F> {
+    family: &'static str,
+    dims: HeadDims,
+    kernels: Vec<F>,
+}
+
+impl<F> PerHeadDim<F> {
+    /// Every instance of `family` through `function`, or the first one missing.
+    fn load(
+        family: &'static str,
+        dims: HeadDims,
+        function: &impl Fn(&str, &str) -> Result<F, String>,
+    ) -> Result<Self, String> {
+        let kernels = (1..=dims.max / dims.multiple_of)
+            .map(|k| function(family, &format!("{family}_{}", k * dims.multiple_of)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            family,
+            dims,
+            kernels,
+        })
+    }
+
+    /// The kernel for heads of `head_dim` dimensions, if there is one.
+    pub(crate) fn get(&self, head_dim: usize) -> Option<&F> {
+        if !head_dim.is_multiple_of(self.dims.multiple_of) {
+            return None;
+        }
+        self.kernels
+            .get((head_dim / self.dims.multiple_of).checked_sub(1)?)
+    }
+
+    /// Every kernel, with its name.
+    pub(crate) fn named(&self) -> impl Iterator<Item = (String, &F)> {
+        self.kernels.iter().enumerate().map(|(i, kernel)| {
+            let head_dim = (i + 1) * self.dims.multiple_of;
+            (format!("{}_{head_dim}", self.family), kernel)
+        })
+    }
 }
 
 /// The f16 GEMM of prompt rows and its activations' conversion.
@@ -99,16 +142,6 @@ pub(crate) struct Streamed<F> {
 pub(crate) struct StreamedMixed<F> {
     pub(crate) tiles: F,
     pub(crate) ranges: F,
-}
-
-/// The name of the attention kernel for heads of `head_dim` dimensions.
-fn attention_name(head_dim: usize) -> String {
-    format!("attention_{head_dim}")
-}
-
-/// The name of the prompt rows' attention kernel for heads of `head_dim` dimensions.
-fn prompt_attention_name(head_dim: usize) -> String {
-    format!("prompt_attention_{head_dim}")
 }
 
 /// The activation rows per block of each `FormatKernels::mmq` instance, smallest first.
@@ -196,9 +229,7 @@ impl<F> Kernels<F> {
             rope: function("rope", "rope")?,
             rope_store_kv: function("rope", "rope_store_kv")?,
             store_kv: function("attention", "store_kv")?,
-            attention: (1..=HEAD_DIMS.max / HEAD_DIMS.multiple_of)
-                .map(|k| function("attention", &attention_name(k * HEAD_DIMS.multiple_of)))
-                .collect::<Result<_, _>>()?,
+            attention: PerHeadDim::load("attention", HEAD_DIMS, &function)?,
             silu_mul: function("elementwise", "silu_mul")?,
             add: function("elementwise", "add")?,
             gather_rows: function("elementwise", "gather_rows")?,
@@ -211,54 +242,13 @@ impl<F> Kernels<F> {
                     function("gemm", &format!("gemm_f16_{rows}x{weight_rows}")).ok()
                 })))
                 .map(|(to_f16, tiles)| PromptGemm { to_f16, tiles }),
-            prompt_attention: (1..=PROMPT_ATTENTION_HEAD_DIMS.max
-                / PROMPT_ATTENTION_HEAD_DIMS.multiple_of)
-                .map(|k| {
-                    function(
-                        "prompt_attention",
-                        &prompt_attention_name(k * PROMPT_ATTENTION_HEAD_DIMS.multiple_of),
-                    )
-                    .ok()
-                })
-                .collect::<Option<_>>()
-                .unwrap_or_default(),
-        })
-    }
-
-    /// The attention kernel for heads of `head_dim` dimensions, if there is one.
-    pub(crate) fn attention(&self, head_dim: usize) -> Option<&F> {
-        if !head_dim.is_multiple_of(HEAD_DIMS.multiple_of) {
-            return None;
-        }
-        self.attention
-            .get((head_dim / HEAD_DIMS.multiple_of).checked_sub(1)?)
-    }
-
-    /// The prompt rows' attention kernel for heads of `head_dim` dimensions, if there is one.
-    pub(crate) fn prompt_attention(&self, head_dim: usize) -> Option<&F> {
-        if !head_dim.is_multiple_of(PROMPT_ATTENTION_HEAD_DIMS.multiple_of) {
-            return None;
-        }
-        self.prompt_attention
-            .get((head_dim / PROMPT_ATTENTION_HEAD_DIMS.multiple_of).checked_sub(1)?)
-    }
-
-    /// Every prompt rows' attention kernel, with its name.
-    pub(crate) fn prompt_attentions(&self) -> impl Iterator<Item = (String, &F)> {
-        self.prompt_attention.iter().enumerate().map(|(i, kernel)| {
-            (
-                prompt_attention_name((i + 1) * PROMPT_ATTENTION_HEAD_DIMS.multiple_of),
-                kernel,
+            prompt_attention: PerHeadDim::load(
+                "prompt_attention",
+                PROMPT_ATTENTION_HEAD_DIMS,
+                &function,
             )
+            .ok(),
         })
-    }
-
-    /// Every attention kernel, with its name.
-    pub(crate) fn attentions(&self) -> impl Iterator<Item = (String, &F)> {
-        self.attention
-            .iter()
-            .enumerate()
-            .map(|(i, kernel)| (attention_name((i + 1) * HEAD_DIMS.multiple_of), kernel))
     }
 
     /// Every tensor-core matmul kernel, with its name.

@@ -25,7 +25,9 @@ use crate::{
     Projection, RaggedBatch, Rope, RopeStyle, Rows,
 };
 pub(crate) use kernels::Kernels;
-use kernels::{FormatKernels, GEMM_TILES, MMQ_TILE_ROWS, PromptGemm, Streamed, StreamedMixed};
+use kernels::{
+    FormatKernels, GEMM_TILES, MMQ_TILE_ROWS, PerHeadDim, PromptGemm, Streamed, StreamedMixed,
+};
 pub(crate) use runtime::Sealed;
 pub use runtime::{KernelArg, QuantizedOut, Runtime};
 
@@ -353,7 +355,9 @@ impl<R: Runtime> GpuBackend<R> {
             }))
             .chain(
                 kernels
-                    .prompt_attentions()
+                    .prompt_attention
+                    .iter()
+                    .flat_map(PerHeadDim::named)
                     .map(|(name, kernel)| (name, kernel, PROMPT_ATTENTION_THREADS / LANES)),
             );
         for (name, kernel, needed) in fixed {
@@ -369,7 +373,7 @@ impl<R: Runtime> GpuBackend<R> {
             kernels
                 .matvecs()
                 .map(|(name, _, kernel)| ("matvec_warps", tuning.matvec_warps, name, kernel))
-                .chain(kernels.attentions().map(|(name, kernel)| {
+                .chain(kernels.attention.named().map(|(name, kernel)| {
                     ("attention_warps", tuning.attention_warps, name, kernel)
                 }));
         for (value, warps, name, kernel) in tuned {
@@ -386,7 +390,7 @@ impl<R: Runtime> GpuBackend<R> {
                 "prompt_gemm = true: {device} has no f16 GEMM kernel (CUDA, sm_80 and later)"
             )));
         }
-        if tuning.prompt_attention && kernels.prompt_attentions().next().is_none() {
+        if tuning.prompt_attention && kernels.prompt_attention.is_none() {
             return Err(Error::Tuning(format!(
                 "prompt_attention = true: {device} has no tensor-core attention kernel (CUDA, \
                  sm_80 and later)"
@@ -520,7 +524,8 @@ impl<R: Runtime> GpuBackend<R> {
         )?;
         let kernel = self
             .kernels
-            .attention(shape.head_dim)
+            .attention
+            .get(shape.head_dim)
             .ok_or_else(|| Error::Shape {
                 op: "attention",
                 detail: format!(
@@ -589,7 +594,12 @@ impl<R: Runtime> GpuBackend<R> {
         out: &mut GpuActivations<R>,
     ) -> Result<usize, Error> {
         let prompt = batch.host.prompt_tokens();
-        let kernel = match self.kernels.prompt_attention(shape.head_dim) {
+        let kernel = match self
+            .kernels
+            .prompt_attention
+            .as_ref()
+            .and_then(|k| k.get(shape.head_dim))
+        {
             Some(kernel) if self.tuning.prompt_attention && prompt > 0 => kernel,
             _ => return Ok(0),
         };
