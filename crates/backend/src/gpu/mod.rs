@@ -541,11 +541,11 @@ impl<R: Runtime> GpuBackend<R> {
             Some(_) => 0,
             None => self.launch_prompt_attention(q, cache, layer, batch, shape, out)?,
         };
-        let d = &batch.device;
-        let (out, quantized) = out.written_quantized(rows);
         if prompt == rows {
             return Ok(());
         }
+        let d = &batch.device;
+        let (out, quantized) = out.written_quantized(rows);
         let launch = batch.attention;
         self.launch(
             "attention",
@@ -1187,9 +1187,10 @@ pub struct GpuActivations<R: Runtime> {
     /// it (the backend starts only where the device has it), and `cols` is a multiple of its
     /// super-blocks.
     streamed: Option<StreamedScratch<R>>,
-    /// Room for the prompt rows in f16, the GEMM's input: present where the host profile asks
-    /// for the GEMM (the backend starts only where the device has it) and `cols` is a multiple
-    /// of its K step.
+    /// Room for the prompt rows in f16, the GEMM's input: present where a matmul of prompt rows
+    /// reads these activations (`ActivationUse::MatmulInput { prompt_rows: true }`), the host
+    /// profile asks for the GEMM (the backend starts only where the device has it) and `cols`
+    /// is a multiple of its K step.
     half: Option<Buffer<R, u16>>,
 }
 
