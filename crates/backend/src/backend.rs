@@ -321,7 +321,8 @@ pub trait Backend: Send + Sync + 'static {
     where
         F: FnOnce(&mut Self::KvCache) -> Result<(), Error>;
 
-    /// Whether prompt rows get other arithmetic than the others ([`Rows`]): where they do, a
+    /// Whether prompt rows get other arithmetic than the others, in their matmuls ([`Rows`]) or
+    /// their attention (the leading [`RaggedBatch::prompt_tokens`] rows): where they do, a
     /// position's KV depends on its token's role, which the engine then keeps whenever it
     /// computes a position again or shares it between sequences.
     fn prompt_rows_differ(&self) -> bool {
@@ -439,7 +440,8 @@ pub trait Backend: Send + Sync + 'static {
         self.store_kv(cache, layer, k, v, batch)
     }
     /// Causal attention of each batch row's queries over its sequence's KV at positions
-    /// `0..=position`.
+    /// `0..=position`; the batch's prompt rows may take other arithmetic
+    /// ([`prompt_rows_differ`](Backend::prompt_rows_differ)).
     fn attention(
         &self,
         q: &Self::Activations,
