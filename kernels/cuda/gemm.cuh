@@ -1,5 +1,5 @@
-// The prefill matmul of prompt rows: weights dequantized to f16 once, when they are loaded, and
-// an f16 tensor-core GEMM with f32 accumulators whose order of additions is fixed by the matrix
+// The prefill matmul of prompt rows: weights dequantized to f16 just before it, and an f16
+// tensor-core GEMM with f32 accumulators whose order of additions is fixed by the matrix
 // alone. Each output element is one accumulator that takes the k16 steps of its row in order,
 // one mma.sync at a time, whatever the tile shape, the pass's row count or where the row sits
 // in its tile, so a row's result never depends on the rows beside it: the property every
@@ -18,16 +18,25 @@
 #include "mma.cuh"
 #include "quant.cuh"
 
-// Element i of rows of blocks of `Block` to f16, a thread per element: run once per matrix
-// when it is loaded, so its speed does not matter.
+// Rows of blocks of `Block` to f16, eight consecutive elements a thread and one 16-byte store
+// (cols must be a multiple of 8): run before each GEMM of a pass with prompt rows, into one
+// scratch matrix, so that the weights stay in their GGUF blocks in memory. Element j of a row
+// is Block::at's value rounded once, whatever the thread that writes it.
 template <typename Block>
 static __device__ void dequantize_f16(const uint8_t *__restrict__ w, unsigned long long row_bytes,
                                       int rows, int cols, __half *__restrict__ out) {
     AFTER_PREVIOUS_KERNEL();
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
     if (i >= (long long)rows * cols) return;
     const int row = (int)(i / cols), col = (int)(i % cols);
-    out[i] = __float2half_rn(row_at<Block>(w + row * row_bytes, col));
+    const uint8_t *row_blocks = w + row * row_bytes;
+    __half2 values[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        values[p] = __floats2half2_rn(row_at<Block>(row_blocks, col + 2 * p),
+                                      row_at<Block>(row_blocks, col + 2 * p + 1));
+    }
+    *reinterpret_cast<uint4 *>(out + i) = *reinterpret_cast<const uint4 *>(values);
 }
 
 // n f32 activations to f16, a thread per pair: n must be even (whole rows of an even k).

@@ -136,8 +136,8 @@ pub struct KernelTuning {
     /// (off) on chips without it (HIP).
     #[serde(default)]
     pub streamed_matmul: Option<bool>,
-    /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM over f16 copies of
-    /// the layers' matrices; absent (off) on chips without it (HIP).
+    /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM, each matrix
+    /// dequantized just before it; absent (off) on chips without it (HIP).
     #[serde(default)]
     pub prompt_gemm: Option<bool>,
     /// Prompt tokens' rows of attention run on f16 tensor-core tiles; absent (off) on chips

@@ -261,8 +261,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Makes the 2-D tensor `name` of `file` a matrix on the device, whose matmuls quantize
     /// their activations at `precision` (one of [`ACTIVATION_PRECISIONS`](Self::ACTIVATION_PRECISIONS),
     /// else [`Error::UnsupportedPrecision`]). `prompt_rows` says whether its matmuls are given
-    /// prompt rows ([`Rows::prompt`]): a backend that multiplies them another way keeps what
-    /// that needs (the GPU: an f16 copy) for such matrices only.
+    /// prompt rows ([`Rows::prompt`]): a backend that multiplies them another way prepares
+    /// that (the GPU: room to dequantize it to f16) for such matrices only.
     fn load_matrix(
         &self,
         file: &Arc<GgufFile>,

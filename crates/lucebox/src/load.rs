@@ -136,8 +136,8 @@ pub(crate) struct TuningArgs {
     ))]
     streamed_matmul: Option<bool>,
     #[arg(long, value_name = "BOOL", help = format!(
-        "GPU only: prompt tokens' rows of the layers' matmuls through an f16 GEMM over f16 \
-         copies of the matrices [default: the profile's `[kernels]`, else {}]",
+        "GPU only: prompt tokens' rows of the layers' matmuls through an f16 GEMM, each matrix \
+         dequantized just before it [default: the profile's `[kernels]`, else {}]",
         GpuTuning::DEFAULT.prompt_gemm,
     ))]
     prompt_gemm: Option<bool>,

@@ -2,7 +2,7 @@
 // to f16, then a GEMM whose order of additions is fixed by the matrix alone) on random matrices
 // of the 1.5B's shapes: its error against an f64 product, whether a row's bits depend on the
 // pass's row count, its place in the pass or the tile shape (they must not), and the time of
-// the dequantization (done once, when the backend loads a matrix) and of the GEMM at 128, 512
+// the dequantization (which the backend runs before each GEMM) and of the GEMM at 128, 512
 // and 2,048 activation rows for each of the backend's tiles. tests/cuda/gemm/bench.py times
 // cuBLAS's GEMM on the same shapes.
 //
@@ -55,8 +55,8 @@ int main() {
         CHECK(cudaMalloc(&dout2, (size_t)max_tokens * s.rows * 4));
         const long long elements = (long long)s.rows * s.cols;
         auto dequantize = [&] {
-            dequantize_f16_q4_k<<<(elements + 255) / 256, 256>>>(dw, row_bytes, s.rows, s.cols,
-                                                                dwh);
+            dequantize_f16_q4_k<<<(elements / 8 + 255) / 256, 256>>>(dw, row_bytes, s.rows,
+                                                                    s.cols, dwh);
         };
         dequantize();
         activations_to_f16<<<(x.size() / 2 + 255) / 256, 256>>>(dx, (long long)x.size(), dxh);
@@ -70,6 +70,23 @@ int main() {
         CHECK(cudaMemcpy(xh.data(), dxh, xh.size() * 2, cudaMemcpyDeviceToHost));
         std::vector<float> all((size_t)max_tokens * s.rows);
         CHECK(cudaMemcpy(all.data(), dout, all.size() * 4, cudaMemcpyDeviceToHost));
+        // Every dequantized weight is its exact value rounded to f16 once (half an f16 step,
+        // subnormals included), after the float arithmetic of BlockQ4_K::at.
+        // Whole rows, at most about 2,048 of them a matrix.
+        for (size_t r = 0; r < (size_t)s.rows; r += (s.rows + 2047) / 2048) {
+            for (size_t c = 0; c < (size_t)s.cols; c++) {
+                const double exact = q4_k_at(&w[r * row_bytes + c / 256 * 144], c % 256);
+                const double got = host_half(wh[r * s.cols + c]);
+                const double bound =
+                    std::ldexp(std::fabs(exact), -11) + std::ldexp(1.0, -25) + 1e-6 * std::fabs(exact);
+                if (!(std::fabs(got - exact) <= bound)) {
+                    printf("%s: weight (%zu, %zu) dequantized to %.9g, exactly %.9g\n", s.name, r,
+                           c, got, exact);
+                    ok = false;
+                    break;
+                }
+            }
+        }
         double worst_f16 = 0, worst_exact = 0;
         for (int sample = 0; sample < 64; sample++) {
             const int r = (int)((long long)sample * (s.rows - 1) / 63);
@@ -136,16 +153,18 @@ int main() {
     }
     // The output matrix is applied to logits rows only, which stay on the int8 kernels, so
     // a prompt pass's figures leave it out.
-    printf("the layers' matrices: dequantization %.2f ms, once, when the backend loads them\n",
-           dequant_pass_us / 1e3);
+    printf("the layers' matrices: dequantization %.2f ms a pass\n", dequant_pass_us / 1e3);
     for (int i = 0; i < 3; i++) {
         printf("a pass of %d rows, GEMMs:", token_counts[i]);
         for (int tile = 0; tile < TILE_COUNT; tile++) {
             printf(" %.2f ms (%dx%d)", pass_us[i][tile] / 1e3, TILES[tile].rows,
                    TILES[tile].weight_rows);
         }
-        printf(", the best tile per matrix %.2f ms: at most %.0f tok/s from the matmuls\n",
-               best_pass_us[i] / 1e3, token_counts[i] / (best_pass_us[i] * 1e-6));
+        const double with_dequant_us = best_pass_us[i] + dequant_pass_us;
+        printf(", the best tile per matrix %.2f ms, with the dequantization %.2f ms: at most "
+               "%.0f tok/s from the matmuls\n",
+               best_pass_us[i] / 1e3, with_dequant_us / 1e3,
+               token_counts[i] / (with_dequant_us * 1e-6));
     }
     printf(ok ? "gemm: all checks passed\n" : "gemm: CHECKS FAILED\n");
     return ok ? 0 : 1;

@@ -148,8 +148,10 @@ const GEMM_THREADS: u32 = 8 * LANES;
 /// The width of a matrix the f16 GEMM takes is a multiple of this (`GEMM_BK`).
 const GEMM_K_STEP: usize = 32;
 /// Threads per block of the GEMM's conversions (`dequantize_f16_<format>`,
-/// `activations_to_f16`), an element (a pair) a thread.
+/// `activations_to_f16`).
 const CONVERSION_THREADS: u32 = 256;
+/// The weights each thread of `dequantize_f16_<format>` writes, in one 16-byte store.
+const DEQUANTIZED_PER_THREAD: usize = 8;
 /// A null device address, for an absent optional argument.
 const NULL: KernelArg = KernelArg::U64(0);
 
@@ -171,6 +173,12 @@ pub struct GpuBackend<R: Runtime> {
     tuning: GpuTuning,
     /// The device-side buffers of [`Backend::argmax_rows`], grown to the most asked for.
     argmax: Mutex<ArgmaxBuffers<R>>,
+    /// Where the GEMM of prompt rows finds its matrix in f16, dequantized just before it: one
+    /// buffer as large as the largest matrix loaded for it (27.5 MB for the 1.5B's gate, not
+    /// the 2.6 GB of f16 copies of all its layers). A larger matrix adds a larger buffer and
+    /// keeps the others, which graphs recorded before may name; passes are issued one at a
+    /// time, so one buffer serves every matrix in turn.
+    f16_weights: Mutex<Vec<Buffer<R, u16>>>,
     /// Whether tokens are drawn on the device ([`Backend::samples_rows`]; `R::SAMPLING_VAR=0`
     /// leaves them to the host), and its buffers.
     samples_rows: bool,
@@ -418,6 +426,7 @@ impl<R: Runtime> GpuBackend<R> {
                 arrivals: None,
                 best: None,
             }),
+            f16_weights: Mutex::new(Vec::new()),
             samples_rows,
             sampling: Mutex::new(sample::SampleBuffers::new()),
             overlap: AtomicBool::new(false),
@@ -1024,9 +1033,23 @@ impl<R: Runtime> GpuBackend<R> {
         self.launch("matmul", mmt, grid, MMT_THREADS, &args)
     }
 
-    /// The first `prompt` rows of `x` times each projection's f16 copy (kernels/cuda/gemm.cu),
-    /// checked by the caller: the rows converted to f16 into `half` once, then a GEMM per
-    /// matrix in the tile [`gemm_tile`] picks.
+    /// Makes [`f16_weights`](Self::f16_weights) hold a matrix of `rows` x `cols` (`name`).
+    fn reserve_f16_weights(&self, rows: usize, cols: usize, name: &str) -> Result<(), Error> {
+        let elements = rows.checked_mul(cols).ok_or_else(|| Error::Shape {
+            op: "load_matrix",
+            detail: format!("{name}: {rows} x {cols} weights are too many to dequantize"),
+        })?;
+        let mut buffers = self.f16_weights.lock().unwrap_or_else(|e| e.into_inner());
+        if buffers.last().is_none_or(|largest| largest.len < elements) {
+            buffers.push(self.zeros(elements, "f16 weights")?);
+        }
+        Ok(())
+    }
+
+    /// The first `prompt` rows of `x` times each projection's matrix in f16
+    /// (kernels/cuda/gemm.cu), checked by the caller: the rows converted to f16 into `half`
+    /// once, then for each matrix its dequantization into the f16 weight buffer and a GEMM in
+    /// the tile [`gemm_tile`] picks.
     fn prompt_gemm(
         &self,
         gemm: &PromptGemm<R::Function>,
@@ -1044,8 +1067,36 @@ impl<R: Runtime> GpuBackend<R> {
             CONVERSION_THREADS,
             &[x.data.arg(), (values as i64).into(), half.arg()],
         )?;
+        let f16_weights = self.f16_weights.lock().unwrap_or_else(|e| e.into_inner());
+        let weights = f16_weights.last().expect("allocated with the matrices");
         for Projection { matrix, bias, out } in parts {
-            let weights = matrix.half.as_ref().expect("checked by the caller");
+            let dequantize = matrix
+                .format
+                .dequantize_f16
+                .as_ref()
+                .expect("checked when the matrix loaded");
+            let elements = matrix.rows * matrix.cols;
+            assert!(
+                elements <= weights.len,
+                "f16 weight buffer smaller than a matrix loaded for it"
+            );
+            let threads = (elements / DEQUANTIZED_PER_THREAD).div_ceil(CONVERSION_THREADS as usize);
+            self.launch(
+                "matmul",
+                dequantize,
+                u32::try_from(threads).map_err(|_| Error::Shape {
+                    op: "matmul",
+                    detail: format!("{elements} weights are too many to dequantize"),
+                })?,
+                CONVERSION_THREADS,
+                &[
+                    matrix.data.arg(),
+                    (matrix.row_bytes as u64).into(),
+                    int(matrix.rows),
+                    int(matrix.cols),
+                    weights.arg(),
+                ],
+            )?;
             let tile = gemm_tile(prompt, matrix.rows);
             let (tile_rows, tile_weight_rows) = GEMM_TILES[tile];
             let grid = prompt.div_ceil(tile_rows) * matrix.rows.div_ceil(tile_weight_rows);
@@ -1145,10 +1196,10 @@ impl<R: Runtime> std::fmt::Debug for GpuRecordings<R> {
 /// A weight matrix in device memory, in its GGUF block layout.
 pub struct GpuMatrix<R: Runtime> {
     data: Buffer<R, u8>,
-    /// The matrix in f16, row-major, for the GEMM of prompt rows: present where the host
-    /// profile asks for it (`prompt_gemm`), the model gives the matrix prompt rows, the images
-    /// have the GEMM and the width is a multiple of its K step.
-    half: Option<Buffer<R, u16>>,
+    /// Whether the matrix's prompt rows go through the f16 GEMM: where the host profile asks
+    /// for it (`prompt_gemm`), the model gives the matrix prompt rows, the images have the
+    /// GEMM and the width is a multiple of its K step.
+    prompt_gemm: bool,
     format: Arc<FormatKernels<R::Function>>,
     rows: usize,
     cols: usize,
@@ -1475,44 +1526,17 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         let mut data = self.zeros(bytes.len() + MMQ_WEIGHT_PADDING, "weights")?;
         self.upload(bytes, &mut data)?;
         let row_bytes = bytes.len() / rows.max(1);
-        let half = match &format.dequantize_f16 {
-            Some(dequantize)
-                if prompt_rows
-                    && self.tuning.prompt_gemm
-                    && cols.is_multiple_of(GEMM_K_STEP)
-                    && rows > 0 =>
-            {
-                let elements = rows.checked_mul(cols).ok_or(Error::OutOfMemory {
-                    what: "f16 weights",
-                    bytes: u64::MAX,
-                })?;
-                let half = self.zeros(elements, "f16 weights")?;
-                let grid = u32::try_from(elements.div_ceil(CONVERSION_THREADS as usize)).map_err(
-                    |_| Error::Shape {
-                        op: "load_matrix",
-                        detail: format!("{name}: {elements} weights are too many to convert"),
-                    },
-                )?;
-                self.launch(
-                    "load_matrix",
-                    dequantize,
-                    grid,
-                    CONVERSION_THREADS,
-                    &[
-                        data.arg(),
-                        (row_bytes as u64).into(),
-                        int(rows),
-                        int(cols),
-                        half.arg(),
-                    ],
-                )?;
-                Some(half)
-            }
-            _ => None,
-        };
+        let prompt_gemm = format.dequantize_f16.is_some()
+            && prompt_rows
+            && self.tuning.prompt_gemm
+            && cols.is_multiple_of(GEMM_K_STEP)
+            && rows > 0;
+        if prompt_gemm {
+            self.reserve_f16_weights(rows, cols, name)?;
+        }
         Ok(GpuMatrix {
             data,
-            half,
+            prompt_gemm,
             format,
             rows,
             cols,
@@ -1858,14 +1882,11 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 p.out.dims(),
             )?;
         }
-        // Prompt rows through the GEMM where every matrix has its f16 copy (which depends on
-        // the matrices alone, so a row's class never depends on its pass), the rest after them
+        // Prompt rows through the GEMM where every matrix takes it (which depends on the
+        // matrices alone, so a row's class never depends on its pass), the rest after them
         // through the int8 kernels. The activations have their f16 copy wherever the matrices
-        // do, unless they were allocated for no prompt rows.
-        if rows.prompt > 0
-            && x.half.is_none()
-            && projections.iter().any(|p| p.matrix.half.is_some())
-        {
+        // take the GEMM, unless they were allocated for no prompt rows.
+        if rows.prompt > 0 && x.half.is_none() && projections.iter().any(|p| p.matrix.prompt_gemm) {
             return Err(Error::Shape {
                 op: "matmul",
                 detail: "prompt rows from activations allocated for none \
@@ -1875,7 +1896,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         }
         let gemm_rows = match (&self.kernels.prompt_gemm, &x.half) {
             (Some(gemm), Some(half))
-                if rows.prompt > 0 && projections.iter().all(|p| p.matrix.half.is_some()) =>
+                if rows.prompt > 0 && projections.iter().all(|p| p.matrix.prompt_gemm) =>
             {
                 self.prompt_gemm(gemm, x, half, rows.prompt, projections)?;
                 rows.prompt
