@@ -33,12 +33,12 @@ pub struct GpuTuning {
     /// than one.
     pub streamed_matmul: bool,
     /// Prompt tokens' rows of the layers' matmuls run through an f16 GEMM (CUDA, sm_80 and
-    /// later: `kernels/cuda/gemm.cu`) over f16 copies of the layers' matrices made when they
-    /// load, the other rows through the kernels above. Each way gives a row the same bits in
-    /// any pass, so a token's results depend on its role, not its batch; the prompt's rows
-    /// move within rounding against the int8 kernels. The copies take two bytes a weight (2.6
-    /// GB for the 1.5B's layers), and a 512-token prompt's matmuls 2.6x less time on an H100
-    /// (README, "The prefill matmul's two routes").
+    /// later: `kernels/cuda/gemm.cu`), each matrix dequantized into one scratch buffer just
+    /// before it, the other rows through the kernels above. Each way gives a row the same bits
+    /// in any pass, so a token's results depend on its role, not its batch; the prompt's rows
+    /// move within rounding against the int8 kernels. A 512-token prompt's matmuls took 2.6x
+    /// less time on an H100 with f16 copies made at load (README, "The prefill matmul's two
+    /// routes"); every pass with prompt rows now also dequantizes the layers' matrices.
     pub prompt_gemm: bool,
     /// Prompt tokens' rows of attention, for heads of up to 128 dimensions, run on f16 tiles
     /// of K and V shared by 64 rows, on the tensor cores (CUDA, sm_80 and later:
@@ -66,8 +66,8 @@ impl GpuTuning {
     /// sequences 20% and 70% faster, 2 and 4 sequences 45% and 19% slower. The streamed matmul
     /// stays off here, where the GPU tests take the matvec as their reference, and a single
     /// stream decodes 6% faster without it; the CUDA host profiles turn it on. The GEMM of
-    /// prompt rows stays off: its f16 copies take about four times the memory of Q4_K weights;
-    /// so does prompt rows' attention kernel until it has run on a GPU.
+    /// prompt rows, whose logits are further from the CPU's, and prompt rows' attention kernel
+    /// stay off until their present forms have run on a GPU.
     pub const DEFAULT: GpuTuning = GpuTuning {
         matvec_warps: 4,
         attention_warps: 16,
