@@ -1,6 +1,7 @@
 // The instances of gemm.cuh the backend launches for prompt rows where the host profile asks for
-// it (`prompt_gemm`): a dequantizer to f16 per format (run before each GEMM), the f32 to f16 conversion of activation rows, and the GEMM for each tile shape, which
-// tests/cuda/gemm/bench.cu times.
+// it (`prompt_gemm`): a dequantizer to f16 per format (run before each GEMM), the f32 to f16
+// conversion of activation rows, and the GEMM for each tile shape, which tests/cuda/gemm/bench.cu
+// times.
 
 #include "gemm.cuh"
 

@@ -3,10 +3,10 @@
 // on random matrices: int8 tiles, the streamed matmul's (kernels/cuda/mmt.cu, `mmt_<format>`,
 // which the CUDA host profiles run for every pass of three rows or more), and dequantization
 // plus an f16 GEMM (kernels/cuda/gemm.cu, the fastest of its tiles; the backend dequantizes
-// before each GEMM, so its time counts). Checks that both compute the same product (their largest difference against
-// the largest output) and times each at 128, 512 and 2,048 activation rows (back-to-back
-// launches, no graph), then sums a 28-layer pass. tests/cuda/mmt and tests/cuda/gemm check
-// each route's bits.
+// before each GEMM, so its time counts). Checks that both compute the same product (their
+// largest difference against the largest output) and times each at 128, 512 and 2,048
+// activation rows (back-to-back launches, no graph), then sums a 28-layer pass. tests/cuda/mmt
+// and tests/cuda/gemm check each route's bits.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o prefill-bench tests/cuda/prefill/bench.cu && ./prefill-bench
 
@@ -144,12 +144,13 @@ int main() {
             ok = false;
         }
 
+        const float dequant_us = time_us(dequantize, 20);
         for (int i = 0; i < 3; i++) {
             const int tokens = token_counts[i];
             const float int8_us = time_us([&] { streamed(s, dw, q, tokens, dint8); }, 20);
             float gemm_us;
             gemm_best(tokens, dgemm, &gemm_us);
-            gemm_us += time_us(dequantize, 20);
+            gemm_us += dequant_us;
             pass_us[i][0] += s.per_pass * int8_us;
             pass_us[i][1] += s.per_pass * gemm_us;
             printf("%-8s %4s %6d | %8.1f %8.1f %6.2f | %.1e\n", s.name, q4 ? "q4_k" : "q6_k",
