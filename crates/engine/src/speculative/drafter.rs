@@ -654,6 +654,12 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
 /// Prompt lookup: finds the latest earlier occurrence of the sequence's last few tokens and
 /// proposes what followed it. Costs no model; strong wherever the output repeats its input
 /// (code edits, quoting, retrieval).
+///
+/// Where no suffix occurs earlier, the last [`SUBSTITUTED_WINDOW`] tokens may match an earlier
+/// run that differs from them in at most [`SUBSTITUTIONS`] places (the fewest, then the
+/// latest). An edit that renames something copies its input with the old name replaced, and
+/// each replacement breaks every exact suffix until a few more tokens have been copied; the
+/// window lines the copy up with its source again right after the replacement.
 #[derive(Clone, Debug)]
 pub struct NgramDrafter {
     longest: usize,
@@ -683,21 +689,63 @@ impl NgramDrafter {
         if max == 0 {
             return;
         }
-        for n in (self.shortest..=self.longest.min(tokens.len().saturating_sub(1))).rev() {
-            let suffix = &tokens[tokens.len() - n..];
-            // The latest earlier occurrence: its continuation starts at `start + n`, before the
-            // suffix itself.
-            let found = (0..tokens.len() - n)
-                .rev()
-                .find(|&start| &tokens[start..start + n] == suffix);
-            if let Some(start) = found {
-                for &t in tokens[start + n..].iter().take(max) {
-                    draft.push_certain(t);
-                }
-                return;
+        let continuation = self
+            .exact_continuation(tokens)
+            .or_else(|| substituted_continuation(tokens));
+        if let Some(start) = continuation {
+            for &t in tokens[start..].iter().take(max) {
+                draft.push_certain(t);
             }
         }
     }
+
+    /// Where the continuation of the latest earlier occurrence of the longest suffix starts.
+    fn exact_continuation(&self, tokens: &[u32]) -> Option<usize> {
+        (self.shortest..=self.longest.min(tokens.len().saturating_sub(1)))
+            .rev()
+            .find_map(|n| {
+                let suffix = &tokens[tokens.len() - n..];
+                // Starts end before the suffix's own, so a continuation is never empty.
+                (0..tokens.len() - n)
+                    .rev()
+                    .find(|&start| &tokens[start..start + n] == suffix)
+                    .map(|start| start + n)
+            })
+    }
+}
+
+/// The length of the window a substituted match compares ([`NgramDrafter`]).
+const SUBSTITUTED_WINDOW: usize = 8;
+
+/// How many of the window's tokens a substituted match may differ in: a renamed identifier
+/// is one or two tokens, and more differences match text that is merely alike.
+const SUBSTITUTIONS: usize = 2;
+
+/// Where the continuation of the earlier run closest to the last [`SUBSTITUTED_WINDOW`] tokens
+/// starts: the run differing in the fewest places, at most [`SUBSTITUTIONS`], and of those the
+/// latest.
+fn substituted_continuation(tokens: &[u32]) -> Option<usize> {
+    let starts = tokens.len().checked_sub(SUBSTITUTED_WINDOW)?;
+    let window = &tokens[starts..];
+    let mut best: Option<(usize, usize)> = None;
+    for start in (0..starts).rev() {
+        let allowed = best.map_or(SUBSTITUTIONS, |(differences, _)| differences - 1);
+        let mut differences = 0;
+        let close = tokens[start..start + SUBSTITUTED_WINDOW]
+            .iter()
+            .zip(window)
+            .all(|(a, b)| {
+                differences += usize::from(a != b);
+                differences <= allowed
+            });
+        if close {
+            best = Some((differences, start + SUBSTITUTED_WINDOW));
+            if differences == 0 {
+                break;
+            }
+        }
+    }
+    best.map(|(_, continuation)| continuation)
 }
 
 impl Default for NgramDrafter {
@@ -760,6 +808,29 @@ mod tests {
         assert_eq!(ngram(&[1, 2, 3, 9, 9, 2, 3, 6, 1, 2, 3], 2), [9, 9]);
         // A continuation may run into the suffix itself.
         assert_eq!(ngram(&[5, 6, 5, 6], 4), [5, 6]);
+    }
+
+    #[test]
+    fn ngram_lines_a_copy_up_with_its_source_across_substituted_tokens() {
+        // A copy of 10..=20 whose 12 and 17 were renamed 99: no suffix of two tokens occurs
+        // earlier, but the last eight differ from 10..=17 in two places.
+        let copied = [10, 11, 99, 13, 14, 15, 16, 99];
+        let tokens: Vec<u32> = (10..=20).chain(copied).collect();
+        assert_eq!(ngram(&tokens, 3), [18, 19, 20]);
+        // Three differences are too many.
+        let mut three = tokens.clone();
+        three[tokens.len() - 4] = 98;
+        assert!(ngram(&three, 3).is_empty());
+        // Fewer differences win over a later run, and the later of two equally close runs
+        // wins: 1..=8 and 1..=7 with 9 are each one off the last 1..=7 with 6 (continuations
+        // 50 and 60), and the run after them, two off, is passed over.
+        let tokens = [
+            1, 2, 3, 4, 5, 6, 7, 8, 50, 1, 2, 3, 4, 5, 6, 7, 9, 60, 1, 2, 3, 0, 5, 6, 7, 0, 40, 1,
+            2, 3, 4, 5, 6, 7, 6,
+        ];
+        assert_eq!(ngram(&tokens, 1), [60]);
+        // The window needs a whole window of earlier tokens to compare with.
+        assert!(ngram(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 2).is_empty());
     }
 
     #[test]
