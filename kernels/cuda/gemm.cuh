@@ -18,6 +18,55 @@
 #include "mma.cuh"
 #include "quant.cuh"
 
+// Eight consecutive elements of a row of blocks from column `col` (a multiple of 8), each the
+// value Block::at gives. The formats of the models' large matrices read their sub-block's
+// scales once and their quants in wide loads; the others take Block::at eight times.
+template <typename Block> struct Dequantize8 {
+    static __device__ __forceinline__ void at(const uint8_t *row, int col, float v[8]) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            v[e] = row_at<Block>(row, col + e);
+        }
+    }
+};
+
+template <> struct Dequantize8<BlockQ4_K> {
+    static __device__ __forceinline__ void at(const uint8_t *row, int col, float v[8]) {
+        const uint8_t *b = row + (size_t)(col / BlockQ4_K::QK) * BlockQ4_K::BYTES;
+        const int i = col % BlockQ4_K::QK, chunk = i / 64, half = (i % 64) / 32, l = i % 32;
+        int sc, m;
+        scale_min_k4(b + 4, 2 * chunk + half, &sc, &m);
+        const float scale = load_f16(b) * (float)sc, minimum = load_f16(b + 2) * (float)m;
+        // 144-byte blocks in rows of whole blocks: the quants of l..l+7 are 8-byte aligned.
+        const uint2 quants = *reinterpret_cast<const uint2 *>(b + 16 + 32 * chunk + l);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const unsigned q = ((e < 4 ? quants.x : quants.y) >> (8 * (e % 4))) & 0xFF;
+            v[e] = scale * (float)(half ? q >> 4 : q & 0xF) - minimum;
+        }
+    }
+};
+
+template <> struct Dequantize8<BlockQ6_K> {
+    static __device__ __forceinline__ void at(const uint8_t *row, int col, float v[8]) {
+        const uint8_t *b = row + (size_t)(col / BlockQ6_K::QK) * BlockQ6_K::BYTES;
+        const int i = col % BlockQ6_K::QK, n = i / 128, quarter = (i % 128) / 32, l = i % 32;
+        const float scale =
+            load_f16(b + 208) * (float)(int8_t)b[192 + 8 * n + l / 16 + 2 * quarter];
+        // 210-byte blocks are only 2-byte aligned: the quants come as pairs of bytes.
+        const uint16_t *low_pairs =
+            reinterpret_cast<const uint16_t *>(b + 64 * n + l + 32 * (quarter & 1));
+        const uint16_t *high_pairs = reinterpret_cast<const uint16_t *>(b + 128 + 32 * n + l);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const unsigned lows = low_pairs[e / 2], highs = high_pairs[e / 2];
+            const int low = (lows >> (8 * (e % 2) + 4 * (quarter >> 1))) & 0xF;
+            const int high = (highs >> (8 * (e % 2) + 2 * quarter)) & 3;
+            v[e] = scale * (float)((low | (high << 4)) - 32);
+        }
+    }
+};
+
 // Rows of blocks of `Block` to f16, eight consecutive elements a thread and one 16-byte store
 // (cols must be a multiple of 8): run before each GEMM of a pass with prompt rows, into one
 // scratch matrix, so that the weights stay in their GGUF blocks in memory. Element j of a row
@@ -29,12 +78,12 @@ static __device__ void dequantize_f16(const uint8_t *__restrict__ w, unsigned lo
     const long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
     if (i >= (long long)rows * cols) return;
     const int row = (int)(i / cols), col = (int)(i % cols);
-    const uint8_t *row_blocks = w + row * row_bytes;
+    float v[8];
+    Dequantize8<Block>::at(w + row * row_bytes, col, v);
     __half2 values[4];
 #pragma unroll
     for (int p = 0; p < 4; p++) {
-        values[p] = __floats2half2_rn(row_at<Block>(row_blocks, col + 2 * p),
-                                      row_at<Block>(row_blocks, col + 2 * p + 1));
+        values[p] = __floats2half2_rn(v[2 * p], v[2 * p + 1]);
     }
     *reinterpret_cast<uint4 *>(out + i) = *reinterpret_cast<const uint4 *>(values);
 }

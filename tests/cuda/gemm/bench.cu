@@ -70,24 +70,8 @@ int main() {
         CHECK(cudaMemcpy(xh.data(), dxh, xh.size() * 2, cudaMemcpyDeviceToHost));
         std::vector<float> all((size_t)max_tokens * s.rows);
         CHECK(cudaMemcpy(all.data(), dout, all.size() * 4, cudaMemcpyDeviceToHost));
-        // Every dequantized weight of whole rows (about 2,048 a matrix) is its exact value
-        // rounded to f16 once (half an f16 step, subnormals included) after the float
-        // arithmetic of BlockQ4_K::at; the first that is not is printed.
-        bool weights_ok = true;
-        for (size_t r = 0; weights_ok && r < (size_t)s.rows; r += (s.rows + 2047) / 2048) {
-            for (size_t c = 0; weights_ok && c < (size_t)s.cols; c++) {
-                const double exact = q4_k_at(&w[r * row_bytes + c / 256 * 144], c % 256);
-                const double got = host_half(wh[r * s.cols + c]);
-                const double bound = std::ldexp(std::fabs(exact), -11) + std::ldexp(1.0, -25) +
-                                     1e-6 * std::fabs(exact);
-                if (!(std::fabs(got - exact) <= bound)) {
-                    printf("%s: weight (%zu, %zu) dequantized to %.9g, exactly %.9g\n", s.name, r,
-                           c, got, exact);
-                    weights_ok = false;
-                }
-            }
-        }
-        ok = ok && weights_ok;
+        // Every dequantized weight of whole rows is its exact value rounded once.
+        ok = dequantized_weights_ok(s.name, w, 144, s.rows, s.cols, wh, q4_k_at) && ok;
         double worst_f16 = 0, worst_exact = 0;
         for (int sample = 0; sample < 64; sample++) {
             const int r = (int)((long long)sample * (s.rows - 1) / 63);

@@ -3,8 +3,9 @@
 // on random matrices: int8 tiles, the streamed matmul's (kernels/cuda/mmt.cu, `mmt_<format>`,
 // which the CUDA host profiles run for every pass of three rows or more), and dequantization
 // plus an f16 GEMM (kernels/cuda/gemm.cu, the fastest of its tiles; the backend dequantizes
-// before each GEMM, so its time counts). Checks that both compute the same product (their
-// largest difference against the largest output) and times each at 128, 512 and 2,048
+// before each GEMM, so its time counts). Checks that each dequantized weight of whole rows is
+// its exact value rounded once to f16, that both routes compute the same product (their
+// largest difference against the largest output), and times each at 128, 512 and 2,048
 // activation rows (back-to-back launches, no graph), then sums a 28-layer pass. tests/cuda/mmt
 // and tests/cuda/gemm check each route's bits.
 //
@@ -30,19 +31,6 @@ struct Shape {
     Format format;
     int rows, cols, per_pass;
 };
-
-// `bytes` of random Q6_K blocks whose d is small enough for products of a few thousand
-// columns to stay in range.
-static std::vector<uint8_t> random_q6_k(size_t bytes, std::mt19937 &rng) {
-    std::vector<uint8_t> w(bytes);
-    for (size_t i = 0; i < bytes; i++) w[i] = rng() & 0xFF;
-    std::uniform_real_distribution<float> scale(0.5e-5f, 2e-5f);
-    for (size_t b = 0; b < bytes; b += 210) {
-        const uint16_t d = to_half(scale(rng));
-        memcpy(&w[b + 208], &d, 2);
-    }
-    return w;
-}
 
 static int g_sms = 0;
 static float *g_partials = nullptr;
@@ -116,6 +104,11 @@ int main() {
         activations_to_f16<<<(values / 2 + 255) / 256, 256>>>(dx, (long long)values, dxh);
         quantize_q8<<<(values / 32 + 7) / 8, 256>>>(dx, (long long)(values / 32), q);
         CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> wh((size_t)elements);
+        CHECK(cudaMemcpy(wh.data(), dwh, wh.size() * 2, cudaMemcpyDeviceToHost));
+        ok = dequantized_weights_ok(s.name, w, q4 ? 144 : 210, s.rows, s.cols, wh,
+                                    q4 ? q4_k_at : q6_k_at) &&
+             ok;
 
         auto gemm_best = [&](int tokens, float *out, float *us) {
             float best = 1e30f;

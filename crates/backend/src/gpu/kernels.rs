@@ -113,8 +113,8 @@ pub(crate) struct FormatKernels<F> {
     /// Q4_K and Q6_K where the images have it (not HIP).
     pub(crate) mmt: Option<Streamed<F>>,
     pub(crate) get_rows: F,
-    /// The matrix to f16, an element a thread (`dequantize_f16_<format>` of `gemm.cu`), for
-    /// the GEMM of prompt rows; absent where the images have none (HIP).
+    /// The matrix to f16, eight elements a thread (`dequantize_f16_<format>` of `gemm.cu`),
+    /// before each GEMM of prompt rows; absent where the images have none (HIP).
     pub(crate) dequantize_f16: Option<F>,
 }
 
