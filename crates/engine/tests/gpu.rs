@@ -54,10 +54,11 @@ const LOGITS_BOUND: f64 = 5e-3;
 /// the int8 kernels take the weights exactly and the activations to about 14 bits of their
 /// group's largest: on an H100, SmolLM2 5.05e-3 (one argmax of 63 rows moved), the 0.5B
 /// 1.63e-3, the 1.5B 2.71e-3, against 1.29e-3, 4.2e-4 and 3.1e-4 through the int8 kernels.
-/// Prompt rows' attention kernel (`GpuTuning::prompt_attention`) rounds q and the softmax
+/// Prompt rows' attention kernel (`GpuTuning::prompt_attention`) rounded q and the softmax
 /// weights to f16, as llama.cpp's flash attention does: on an H100, the 1.5B's 1,100
 /// positions of random tokens (`prompt_rows_get_the_same_bits_however_the_prompt_is_cut`)
-/// 1.10e-2 from the CPU, against 5.67e-3 through the GEMM.
+/// were 1.10e-2 from the CPU, against 5.67e-3 through the GEMM. It now takes q as two f16
+/// parts (not yet run on a GPU).
 const PROMPT_ROWS_BOUND: f64 = 2e-2;
 
 const PROMPTS: [&str; 4] = [

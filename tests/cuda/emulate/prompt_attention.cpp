@@ -1,7 +1,7 @@
 // kernels/cuda/prompt_attention.cu on the host emulation of warp.h: for heads of 64 and 128
 // dimensions (4 query heads sharing 2 KV heads) and three sequences of 150, 90 and 7 positions
 // over a shuffled block pool, each sequence's rows in one pass are compared with a float64
-// reference of causal attention (within f16 rounding of q and of the weights), and passes
+// reference of causal attention (within f16 rounding of the weights), and passes
 // mixing the sequences, round-robin (a segment a row) and 37 positions of each at a time (the
 // sequence changing inside a warp's 16 rows), must give each row the bits of the one pass.
 // Run by tests/cuda/emulate/run.
@@ -69,7 +69,9 @@ int main() {
                 c.block_ids.push_back(pool[c.block_ids.size()]);
             }
             std::vector<float> q(length * q_width);
-            for (float &x : q) x = 3.0f * normal(rng);
+            // Scores of a standard deviation of 10 (sharp attention), where q rounded once to
+            // f16 moved the output by 2.4e-3 of its largest value.
+            for (float &x : q) x = 10.0f * normal(rng);
             c.q.push_back(q);
         }
         c.k.resize(pool.size() * BLOCK_TOKENS * kv_width);
@@ -135,10 +137,10 @@ int main() {
                                q_width * sizeof(float)) == 0;
             }
         }
-        const bool close = worst <= 1e-2 * largest;
+        const bool close = worst <= 1e-3 * largest;
         printf("heads of %d: largest difference from float64 %.2e of the largest value (%s), "
                "passes mixing the sequences %s\n",
-               head_dim, worst / largest, close ? "within 1e-2" : "ABOVE 1e-2",
+               head_dim, worst / largest, close ? "within 1e-3" : "ABOVE 1e-3",
                same ? "give each row the bits of one pass" : "CHANGE A ROW'S BITS");
         ok &= close && same;
     }
