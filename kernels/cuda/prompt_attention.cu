@@ -93,7 +93,8 @@ static __device__ void prompt_attention_heads(const float *q, const __half *k_ca
         // being columns 2 (lane % 4) and the next. Rounded once, q moved each score by up to
         // 2^-11 of the size of its products, so the larger the scores the further the
         // weights moved; with the rest, one more mma per product, the weights' own rounding
-        // to f16 is what is left (tests/cuda/emulate: 5.7e-4 of the largest output to 9e-5).
+        // to f16 is what is left (tests/cuda/emulate, heads of 128 and scores of a standard
+        // deviation of 10: 1.8e-3 of the largest output from float64 before, 1.1e-4 after).
         unsigned q_frag[HEAD_DIM / 16][4], q_rest[HEAD_DIM / 16][4];
 #pragma unroll
         for (int step = 0; step < HEAD_DIM / 16; step++) {
