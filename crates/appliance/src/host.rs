@@ -144,6 +144,10 @@ pub struct KernelTuning {
     /// without them (HIP).
     #[serde(default)]
     pub prompt_attention: Option<bool>,
+    /// The shortest prompt whose rows take the two prompt kernels above; absent on chips
+    /// without them (HIP), where the backend's default goes unused.
+    #[serde(default)]
+    pub prompt_rows_from: Option<u32>,
 }
 
 /// A target model and what drafts for it.
@@ -599,7 +603,8 @@ mod tests {
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
     const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\nmmq_rows = 3\n\
-         streamed_matmul = true\nprompt_gemm = true\nprompt_attention = false\n";
+         streamed_matmul = true\nprompt_gemm = true\nprompt_attention = false\n\
+         prompt_rows_from = 64\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
         drafter = \"qwen2.5-coder-0.5b-instruct-q4_k_m\"\ndefault = true\n\
         verified = { status = \"unmeasured\" }\n";
@@ -670,6 +675,7 @@ mod tests {
                 streamed_matmul: Some(true),
                 prompt_gemm: Some(true),
                 prompt_attention: Some(false),
+                prompt_rows_from: Some(64),
             })
         );
     }

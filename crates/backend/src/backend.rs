@@ -3,7 +3,7 @@ use std::sync::Arc;
 use lucebox_gguf::GgufFile;
 use lucebox_quant::ActivationPrecision;
 
-use crate::{Error, RaggedBatch};
+use crate::{Error, RaggedBatch, TokenRole};
 
 /// How one logits row becomes a token where the logits are ([`Backend::sample_rows`]): the
 /// transforms of the engine's sampler, in its order (penalties, temperature, top-k, top-p,
@@ -321,12 +321,27 @@ pub trait Backend: Send + Sync + 'static {
     where
         F: FnOnce(&mut Self::KvCache) -> Result<(), Error>;
 
-    /// Whether prompt rows get other arithmetic than the others, in their matmuls ([`Rows`]) or
-    /// their attention (the leading [`RaggedBatch::prompt_tokens`] rows): where they do, a
-    /// position's KV depends on its token's role, which the engine then keeps whenever it
-    /// computes a position again or shares it between sequences.
-    fn prompt_rows_differ(&self) -> bool {
-        false
+    /// The shortest prompt whose tokens' rows get other arithmetic than the others, in their
+    /// matmuls ([`Rows`]) or their attention (the leading [`RaggedBatch::prompt_tokens`] rows),
+    /// or `None` where no row does. Where they do, a position's KV depends on its token's role,
+    /// which the engine then keeps whenever it computes a position again or shares it between
+    /// sequences; a shorter prompt's tokens are fed as [`TokenRole::Generated`]
+    /// ([`prompt_role`](Backend::prompt_role)), since the prompt kernels' fixed cost (the GPU
+    /// dequantizes every layer matrix for its GEMM) outweighs what they save on few rows.
+    fn prompt_rows_from(&self) -> Option<usize> {
+        None
+    }
+
+    /// The role in which a prompt of `len` tokens is fed: [`TokenRole::Prompt`] unless the
+    /// backend computes prompt rows apart only from a longer prompt
+    /// ([`prompt_rows_from`](Backend::prompt_rows_from)). A role that depends on the whole
+    /// prompt, never on how it is cut into passes, keeps a token's bits independent of its
+    /// batch.
+    fn prompt_role(&self, len: usize) -> TokenRole {
+        match self.prompt_rows_from() {
+            Some(from) if len < from => TokenRole::Generated,
+            _ => TokenRole::Prompt,
+        }
     }
 
     /// How many passes [`run_pass`](Backend::run_pass) has recorded so far. A pass that
@@ -441,7 +456,7 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Causal attention of each batch row's queries over its sequence's KV at positions
     /// `0..=position`; the batch's prompt rows may take other arithmetic
-    /// ([`prompt_rows_differ`](Backend::prompt_rows_differ)).
+    /// ([`prompt_rows_from`](Backend::prompt_rows_from)).
     fn attention(
         &self,
         q: &Self::Activations,

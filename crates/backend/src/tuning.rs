@@ -36,9 +36,9 @@ pub struct GpuTuning {
     /// later: `kernels/cuda/gemm.cu`), each matrix dequantized into one scratch buffer just
     /// before it, the other rows through the kernels above. Each way gives a row the same bits
     /// in any pass, so a token's results depend on its role, not its batch; the prompt's rows
-    /// move within rounding against the int8 kernels. A 512-token prompt's matmuls took 2.6x
-    /// less time on an H100 with f16 copies made at load (README, "The prefill matmul's two
-    /// routes"); every pass with prompt rows now also dequantizes the layers' matrices.
+    /// move within rounding against the int8 kernels. Every pass with prompt rows dequantizes
+    /// the layers' matrices (1.5 ms for the 1.5B on an H100), which `prompt_rows_from` keeps
+    /// away from short prompts.
     pub prompt_gemm: bool,
     /// Prompt tokens' rows of attention, for heads of up to 128 dimensions, run on f16 tiles
     /// of K and V shared by 64 rows, on the tensor cores (CUDA, sm_80 and later:
@@ -47,6 +47,13 @@ pub struct GpuTuning {
     /// memory. A 2,048-token prompt prefilled 1.66x as fast on an H100 (README, "Prompt rows'
     /// attention on the tensor cores").
     pub prompt_attention: bool,
+    /// The shortest prompt whose rows take the two kernels above; a shorter prompt's rows take
+    /// the kernels of generated tokens (`Backend::prompt_role`). It goes by the whole prompt,
+    /// never by the pass, so a token's bits stay independent of how its prompt is cut. On an
+    /// H100 (README, "Prompt rows' kernels from a prompt length") the two kernels prefilled
+    /// the 1.5B's 32 and 128 tokens 2.8x and 1.3x slower than generated tokens' kernels, 192
+    /// tokens 1.03x, 256, 512 and 2,048 tokens 1.3x, 2.0x and 3.7x faster.
+    pub prompt_rows_from: u32,
 }
 
 impl GpuTuning {
@@ -68,8 +75,10 @@ impl GpuTuning {
     /// stays off here, where the GPU tests take the matvec as their reference, and a single
     /// stream decodes 6% faster without it; the CUDA host profiles turn it on. Prompt rows'
     /// kernels stay off here too, as the GPU tests' reference, whose logits are nearest the
-    /// CPU's; the CUDA profiles turn on their attention kernel. The GEMM stays off there as
-    /// well: each pass with prompt rows dequantizes every layer matrix.
+    /// CPU's, and take every prompt when turned on, as the tests that compare them want; the
+    /// CUDA profiles turn on their attention kernel from 192 tokens. The GEMM stays off there:
+    /// it ran on an H100 alone, whose f16 tensor cores run at half its int8 rate, where a
+    /// GeForce card's f16 products with f32 sums run at a quarter.
     pub const DEFAULT: GpuTuning = GpuTuning {
         matvec_warps: 4,
         attention_warps: 16,
@@ -78,6 +87,7 @@ impl GpuTuning {
         streamed_matmul: false,
         prompt_gemm: false,
         prompt_attention: false,
+        prompt_rows_from: 1,
     };
 
     /// Fails when a value is out of the kernels' range.
@@ -96,14 +106,21 @@ impl GpuTuning {
                 )));
             }
         }
-        for (name, rows) in [
-            ("matvec_loop_rows", self.matvec_loop_rows),
-            ("mmq_rows", self.mmq_rows),
+        for (name, rows, least) in [
+            (
+                "matvec_loop_rows",
+                self.matvec_loop_rows,
+                "a decode step has one row",
+            ),
+            ("mmq_rows", self.mmq_rows, "a decode step has one row"),
+            (
+                "prompt_rows_from",
+                self.prompt_rows_from,
+                "a prompt has one token",
+            ),
         ] {
             if rows == 0 {
-                return Err(Error::Tuning(format!(
-                    "{name} = 0: a decode step has one row, at least"
-                )));
+                return Err(Error::Tuning(format!("{name} = 0: {least}, at least")));
             }
         }
         Ok(())
@@ -151,6 +168,14 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .starts_with("kernel tuning: matvec_loop_rows = 0")
+        );
+        let no_prompt = GpuTuning {
+            prompt_rows_from: 0,
+            ..GpuTuning::DEFAULT
+        };
+        assert_eq!(
+            no_prompt.validate().unwrap_err().to_string(),
+            "kernel tuning: prompt_rows_from = 0: a prompt has one token, at least"
         );
     }
 }

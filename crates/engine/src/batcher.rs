@@ -158,6 +158,9 @@ struct Sequence {
     /// The prompt and every generated token; the last one is fed at the next step.
     tokens: Vec<u32>,
     prompt_tokens: usize,
+    /// The leading tokens fed in the prompt role: the whole prompt, or none where it is too
+    /// short for the backend's prompt kernels (`Backend::prompt_role`).
+    prompt_role_tokens: usize,
     blocks: SequenceBlocks,
     sampler: Sampler,
     max_tokens: usize,
@@ -179,11 +182,11 @@ impl Sequence {
         self.tokens.len() - self.blocks.len()
     }
 
-    /// How many of `count` unfed tokens one pass feeds: never prompt tokens and generated ones
-    /// together (a recomputed sequence's pass ends with its prompt), since a pass holds its
-    /// prompt tokens first and a backend may give their rows other arithmetic.
+    /// How many of `count` unfed tokens one pass feeds: never tokens of the two roles together
+    /// (a recomputed sequence's pass ends with its prompt), since a pass holds its prompt-role
+    /// tokens first and a backend may give their rows other arithmetic.
     fn chunk(&self, count: usize) -> usize {
-        match self.prompt_tokens.checked_sub(self.blocks.len()) {
+        match self.prompt_role_tokens.checked_sub(self.blocks.len()) {
             Some(prompt_left) if prompt_left > 0 => count.min(prompt_left),
             _ => count,
         }
@@ -191,7 +194,7 @@ impl Sequence {
 
     /// The role of the token at `position`.
     fn role(&self, position: usize) -> TokenRole {
-        if position < self.prompt_tokens {
+        if position < self.prompt_role_tokens {
             TokenRole::Prompt
         } else {
             TokenRole::Generated
@@ -323,7 +326,7 @@ impl<B: Backend> Batcher<B> {
             BlockPool::with_prefix_cache(
                 config.kv_blocks,
                 config.block_tokens,
-                model.backend().prompt_rows_differ(),
+                model.backend().prompt_rows_from().is_some(),
             ),
             BatchCapacity {
                 tokens: config.step_tokens,
@@ -664,7 +667,7 @@ impl<B: Backend> Batcher<B> {
             let shared = seq.blocks.share_cached_prefix(
                 &mut self.state.pool,
                 &seq.tokens,
-                seq.prompt_tokens,
+                seq.prompt_role_tokens,
             );
             let needed =
                 seq.tokens.len().div_ceil(self.config.block_tokens) - seq.blocks.table().len();
@@ -903,7 +906,7 @@ impl<B: Backend> Batcher<B> {
                 }
             }
             seq.blocks
-                .cache_full_blocks(&mut self.state.pool, &seq.tokens, seq.prompt_tokens);
+                .cache_full_blocks(&mut self.state.pool, &seq.tokens, seq.prompt_role_tokens);
         }
         // The highest index first, so that the lower ones stay valid.
         finished.sort_unstable_by_key(|&(index, _)| index);
@@ -979,6 +982,10 @@ where
         self.waiting.push_back(Sequence {
             id,
             prompt_tokens: prompt.len(),
+            prompt_role_tokens: match self.model.backend().prompt_role(prompt.len()) {
+                TokenRole::Prompt => prompt.len(),
+                TokenRole::Generated => 0,
+            },
             tokens: prompt,
             blocks: SequenceBlocks::new(),
             sampler,

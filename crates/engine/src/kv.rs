@@ -7,9 +7,10 @@
 //! manager makes the same choice.) A cached block is found by its exact content and its
 //! parent's identity, never by a hash alone, so two prefixes can never be confused. Where the
 //! backend gives prompt tokens' rows other arithmetic than generated ones'
-//! (`Backend::prompt_rows_differ`), a block is also found by how many of its positions are
-//! prompt tokens: a later prompt that contains an earlier request's output computes those
-//! positions again as prompt tokens, as a fresh server would.
+//! (`Backend::prompt_rows_from`), a block is also found by how many of its positions were fed
+//! in the prompt role (a prompt too short for the backend's prompt kernels feeds none): a later
+//! prompt that contains an earlier request's output computes those positions again as prompt
+//! tokens, as a fresh server would.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -152,7 +153,7 @@ impl BlockPool {
 
 impl PrefixCache {
     /// The key of block `i` of a sequence, after `parent`, holding `tokens`, when the
-    /// sequence's first `prompt_tokens` tokens are its prompt.
+    /// sequence's first `prompt_tokens` tokens are fed in the prompt role.
     fn key(&self, parent: Option<u32>, i: usize, tokens: &[u32], prompt_tokens: usize) -> BlockKey {
         let prompt = if self.roles {
             prompt_tokens
@@ -250,10 +251,10 @@ impl SequenceBlocks {
         self.truncate(pool, 0);
     }
 
-    /// Starts an empty sequence that will hold `tokens`, the first `prompt_tokens` of them its
-    /// prompt, with the longest cached prefix of them, in whole blocks, and returns how many
-    /// positions that prefix fills. The last token is never taken from the cache: it must be
-    /// fed for its logits.
+    /// Starts an empty sequence that will hold `tokens`, the first `prompt_tokens` of them fed in
+    /// the prompt role, with the longest cached prefix of them, in whole blocks, and returns how
+    /// many positions that prefix fills. The last token is never taken from the cache: it must
+    /// be fed for its logits.
     pub fn share_cached_prefix(
         &mut self,
         pool: &mut BlockPool,
@@ -281,11 +282,11 @@ impl SequenceBlocks {
     }
 
     /// Registers with the prefix cache every full block of the filled positions (whose tokens
-    /// are `tokens`, the first `prompt_tokens` of them the prompt) not registered yet. Those
-    /// positions become final: they must never be truncated while the sequence holds them. A
-    /// block whose content another block already caches is swapped for that one, its own
-    /// returned to the pool: equal prefixes computed alike have bitwise equal KV, the kernels
-    /// being deterministic.
+    /// are `tokens`, the first `prompt_tokens` of them fed in the prompt role) not registered
+    /// yet. Those positions become final: they must never be truncated while the sequence holds
+    /// them. A block whose content another block already caches is swapped for that one, its
+    /// own returned to the pool: equal prefixes computed alike have bitwise equal KV, the
+    /// kernels being deterministic.
     pub fn cache_full_blocks(
         &mut self,
         pool: &mut BlockPool,

@@ -86,9 +86,10 @@ pub struct Session<B: Backend> {
     state: ForwardState<B>,
     sequence: SequenceBlocks,
     tokens: Vec<u32>,
-    /// How many leading positions were fed as prompt tokens. Where the backend gives prompt
-    /// rows other arithmetic, a new prompt keeps no more of a shared prefix than these, so that
-    /// its KV is what a fresh session would compute.
+    /// How many leading positions were fed in the prompt role; the others were fed as
+    /// generated tokens. Where the backend gives prompt rows other arithmetic, a new prompt
+    /// keeps only a shared prefix fed in its own role, so that its KV is what a fresh session
+    /// would compute.
     prompt_positions: usize,
     /// The logits rows of the last forward pass, on the host once read.
     logits: Vec<f32>,
@@ -183,17 +184,23 @@ impl<B: Backend> Session<B> {
     /// shares with the current one and feeding the rest as prompt tokens. The last token is
     /// always fed again, so its logits are ready for [`sample`](Self::sample). A prompt that
     /// extends the previous one costs only the new tokens (where the backend gives prompt rows
-    /// other arithmetic, the previous generated tokens are fed again as prompt tokens). Returns
-    /// how many positions were kept.
+    /// other arithmetic, the previous generated tokens are fed again as prompt tokens, and
+    /// nothing is kept that was fed in the other role). Returns how many positions were kept.
     pub fn feed_reusing(&mut self, tokens: &[u32]) -> Result<usize, Error> {
+        let backend = self.model.backend();
+        let role = backend.prompt_role(tokens.len());
         let mut shared = self
             .shared_prefix(tokens)
             .min(tokens.len().saturating_sub(1));
-        if self.model.backend().prompt_rows_differ() {
-            shared = shared.min(self.prompt_positions);
+        if backend.prompt_rows_from().is_some() {
+            shared = match role {
+                TokenRole::Prompt => shared.min(self.prompt_positions),
+                TokenRole::Generated if self.prompt_positions > 0 => 0,
+                TokenRole::Generated => shared,
+            };
         }
         self.truncate(shared);
-        self.feed_prompt(&tokens[shared..])?;
+        self.feed_as(&tokens[shared..], role)?;
         Ok(shared)
     }
 
@@ -212,9 +219,10 @@ impl<B: Backend> Session<B> {
         self.feed_as(tokens, TokenRole::Generated)
     }
 
-    /// [`feed`](Self::feed) for prompt tokens.
+    /// [`feed`](Self::feed) for a whole prompt, `tokens`, in the role a prompt of their length
+    /// takes on this backend (`Backend::prompt_role`).
     pub fn feed_prompt(&mut self, tokens: &[u32]) -> Result<(), Error> {
-        self.feed_as(tokens, TokenRole::Prompt)
+        self.feed_as(tokens, self.model.backend().prompt_role(tokens.len()))
     }
 
     fn feed_as(&mut self, tokens: &[u32], role: TokenRole) -> Result<(), Error> {

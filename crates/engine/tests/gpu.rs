@@ -1064,6 +1064,87 @@ fn prompt_rows_get_the_same_bits_however_the_prompt_is_cut() {
     }
 }
 
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn prompt_kernels_take_only_prompts_of_prompt_rows_from_tokens() {
+    // With `prompt_rows_from`, a prompt shorter than it is fed as generated tokens (the int8
+    // matmuls, the attention of generated rows) and a longer one through the prompt kernels:
+    // the last row's logits of a session must be bitwise those of the tuning without prompt
+    // kernels for the test prompts, and those of the prompt kernels from one token on for 300
+    // random tokens; and the batcher, which decides roles on its own, must continue every
+    // prompt, alone or shared with the others, as the session does.
+    const FROM: u32 = 200;
+    let file = open(TARGET);
+    let vocab = on(&gpu(), &file).config().vocab;
+    let mut prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
+    prompts.push(common::random_tokens(&mut Rng::seeded(5), 300, vocab));
+    let both = GpuTuning {
+        prompt_gemm: true,
+        ..PROMPT_ATTENTION
+    };
+    let from = GpuTuning {
+        prompt_rows_from: FROM,
+        ..both
+    };
+    let last_logits = |tuning: GpuTuning| -> Vec<Vec<f32>> {
+        let mut session = Session::new(on(&tuned(tuning), &file), config()).unwrap();
+        prompts
+            .iter()
+            .map(|prompt| {
+                session.reset();
+                session.feed_prompt(prompt).unwrap();
+                session.read_logits().unwrap().0.to_vec()
+            })
+            .collect()
+    };
+    let (plain, all, thresholded) = (last_logits(STREAMED), last_logits(both), last_logits(from));
+    for (i, prompt) in prompts.iter().enumerate() {
+        let (expected, kernels) = if prompt.len() < FROM as usize {
+            (&plain[i], "no prompt kernels")
+        } else {
+            (&all[i], "the prompt kernels for every prompt")
+        };
+        assert!(
+            thresholded[i] == *expected,
+            "prompt {i} ({} tokens): from {FROM} tokens, not the bits of {kernels}",
+            prompt.len()
+        );
+        assert!(
+            plain[i] != all[i],
+            "prompt {i}: the prompt kernels change no bit, so this test shows nothing"
+        );
+    }
+    let model = on(&tuned(from), &file);
+    let mut session = Session::new(Arc::clone(&model), config()).unwrap();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| greedy(&mut session, p, 32))
+        .collect();
+    let requests: Vec<_> = prompts
+        .iter()
+        .map(|prompt| (prompt.clone(), SamplingParams::default(), 32))
+        .collect();
+    let mut batcher = Batcher::new(
+        model,
+        batch_config(prompts.len()),
+        Box::new(|_| false),
+        None,
+    )
+    .unwrap();
+    let (out, _) = common::run_together(&mut batcher, &requests);
+    let out: Vec<Vec<u32>> = out.into_iter().map(|(tokens, _)| tokens).collect();
+    assert_eq!(
+        out, expected,
+        "the batcher's continuations differ from the session's"
+    );
+    println!(
+        "prompt_rows_from {FROM}: {} prompts of {:?} tokens got the bits of their kernels; the \
+         batcher continued them as the session did",
+        prompts.len(),
+        prompts.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+}
+
 /// The host's draw with uniform `u` from `d` (token order), and how far `u` lies from the
 /// nearest boundary between two tokens, relative to the total.
 fn host_draw(d: &lucebox_engine::Distribution, u: f64) -> (u32, f64) {

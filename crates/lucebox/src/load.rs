@@ -147,6 +147,12 @@ pub(crate) struct TuningArgs {
         GpuTuning::DEFAULT.prompt_attention,
     ))]
     prompt_attention: Option<bool>,
+    #[arg(long, help = tuning_help(
+        "prompts of at least this many tokens take the prompt kernels (--prompt-gemm, \
+         --prompt-attention); shorter ones' rows take generated tokens' kernels",
+        GpuTuning::DEFAULT.prompt_rows_from,
+    ))]
+    prompt_rows_from: Option<u32>,
 }
 
 /// The help of a tuning flag that sets `what`, `default` without a profile.
@@ -155,6 +161,17 @@ fn tuning_help(what: &str, default: u32) -> String {
 }
 
 impl TuningArgs {
+    /// The numeric flags and their values, given or not.
+    fn numbers(&self) -> [(&'static str, Option<u32>); 5] {
+        [
+            ("--matvec-warps", self.matvec_warps),
+            ("--attention-warps", self.attention_warps),
+            ("--matvec-loop-rows", self.matvec_loop_rows),
+            ("--mmq-rows", self.mmq_rows),
+            ("--prompt-rows-from", self.prompt_rows_from),
+        ]
+    }
+
     /// The on/off flags and their values, given or not.
     fn switches(&self) -> [(&'static str, Option<bool>); 3] {
         [
@@ -166,13 +183,7 @@ impl TuningArgs {
 
     /// The flags given, as arguments for a `lucebox` command this one starts.
     pub(crate) fn to_args(&self) -> Vec<String> {
-        let numbers = [
-            ("--matvec-warps", self.matvec_warps),
-            ("--attention-warps", self.attention_warps),
-            ("--matvec-loop-rows", self.matvec_loop_rows),
-            ("--mmq-rows", self.mmq_rows),
-        ];
-        numbers
+        self.numbers()
             .into_iter()
             .filter_map(|(flag, value)| Some((flag, value?.to_string())))
             .chain(
@@ -191,20 +202,14 @@ impl TuningArgs {
         profile: Option<&HostProfile>,
         device: Device,
     ) -> anyhow::Result<GpuTuning> {
-        let flags = [
-            self.matvec_warps,
-            self.attention_warps,
-            self.matvec_loop_rows,
-            self.mmq_rows,
-        ];
         if device == Device::Cpu
-            && (flags.iter().any(Option::is_some)
+            && (self.numbers().iter().any(|(_, value)| value.is_some())
                 || self.switches().iter().any(|(_, on)| on.is_some()))
         {
             bail!(
                 "--matvec-warps, --attention-warps, --matvec-loop-rows, --mmq-rows, \
-                 --streamed-matmul, --prompt-gemm and --prompt-attention tune the GPU kernels, \
-                 not --device cpu"
+                 --streamed-matmul, --prompt-gemm, --prompt-attention and --prompt-rows-from \
+                 tune the GPU kernels, not --device cpu"
             );
         }
         let base = profile
@@ -221,6 +226,9 @@ impl TuningArgs {
                 prompt_attention: k
                     .prompt_attention
                     .unwrap_or(GpuTuning::DEFAULT.prompt_attention),
+                prompt_rows_from: k
+                    .prompt_rows_from
+                    .unwrap_or(GpuTuning::DEFAULT.prompt_rows_from),
             });
         Ok(GpuTuning {
             matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
@@ -230,6 +238,7 @@ impl TuningArgs {
             streamed_matmul: self.streamed_matmul.unwrap_or(base.streamed_matmul),
             prompt_gemm: self.prompt_gemm.unwrap_or(base.prompt_gemm),
             prompt_attention: self.prompt_attention.unwrap_or(base.prompt_attention),
+            prompt_rows_from: self.prompt_rows_from.unwrap_or(base.prompt_rows_from),
         })
     }
 }
@@ -380,15 +389,29 @@ mod tests {
         assert_eq!(
             TuningArgs {
                 mmq_rows: Some(2),
+                prompt_rows_from: Some(64),
                 ..flipped
             }
             .to_args(),
             [
                 "--mmq-rows",
                 "2",
+                "--prompt-rows-from",
+                "64",
                 "--streamed-matmul",
                 &(!from_profile).to_string()
             ]
         );
+        let from = TuningArgs {
+            prompt_rows_from: Some(64),
+            ..TuningArgs::default()
+        };
+        assert_eq!(
+            from.resolve(Some(&rtx3090), Device::Cuda)
+                .unwrap()
+                .prompt_rows_from,
+            64
+        );
+        assert!(from.resolve(None, Device::Cpu).is_err());
     }
 }

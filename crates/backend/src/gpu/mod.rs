@@ -592,7 +592,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// Launches the attention of the batch's prompt rows on the tensor cores where the host
     /// profile asks for it (`prompt_attention`) and the images have the kernel for these heads;
     /// returns how many leading rows it took (0 or the prompt rows). Its bits are not
-    /// `attention_<head_dim>`'s, which the other rows take ([`Backend::prompt_rows_differ`]).
+    /// `attention_<head_dim>`'s, which the other rows take ([`Backend::prompt_rows_from`]).
     fn launch_prompt_attention(
         &self,
         q: &GpuActivations<R>,
@@ -1490,7 +1490,21 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             (true, false) => ", tensor cores",
             (false, false) => "",
         };
-        format!("{} ({}{tensor_cores})", R::NAME, self.device)
+        let prompt_kernels = match (self.tuning.prompt_gemm, self.tuning.prompt_attention) {
+            (false, false) => None,
+            (true, false) => Some("GEMM"),
+            (false, true) => Some("attention"),
+            (true, true) => Some("GEMM and attention"),
+        };
+        let prompt_kernels = prompt_kernels.map_or(String::new(), |kernels| {
+            let from = self.tuning.prompt_rows_from;
+            format!(", prompt rows' {kernels}, prompt_rows_from = {from}")
+        });
+        format!(
+            "{} ({}{tensor_cores}{prompt_kernels})",
+            R::NAME,
+            self.device
+        )
     }
 
     fn peak_bandwidth(&self) -> Option<f64> {
@@ -1767,8 +1781,9 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             .map_err(device_error::<R>("replay"))
     }
 
-    fn prompt_rows_differ(&self) -> bool {
-        self.tuning.prompt_gemm || self.tuning.prompt_attention
+    fn prompt_rows_from(&self) -> Option<usize> {
+        (self.tuning.prompt_gemm || self.tuning.prompt_attention)
+            .then_some(self.tuning.prompt_rows_from as usize)
     }
 
     fn passes_recorded(&self) -> u64 {
