@@ -3,8 +3,9 @@
 //! the device (alone, and with n-gram drafts verified for a batch at once), each sequence of a
 //! ragged batch getting exactly its own logits (long ones, whose attention splits, too), the
 //! tensor-core matmuls giving a row the same bits in every pass (`mmq` the matvec's, the
-//! streamed matmul its own), and sampling and its speculation drawing on the device what the
-//! host draws.
+//! streamed matmul its own), prompt rows' kernels giving a row the same bits however its prompt
+//! is cut and taking only prompts of `prompt_rows_from` tokens, and sampling and its
+//! speculation drawing on the device what the host draws.
 //!
 //! Built with `--features cuda` (an NVIDIA GPU) or `--features hip` (an AMD RDNA GPU); run on
 //! a machine with that GPU and the models fetched
