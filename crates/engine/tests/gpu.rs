@@ -35,7 +35,7 @@ use lucebox_engine::{
     BatchConfig, Batcher, Generator, Rng, Sampler, SamplingParams, Session, SessionConfig,
 };
 use lucebox_gguf::{GgmlType, GgufFile, GgufWriter};
-use lucebox_model::Model;
+use lucebox_model::{Model, ModelConfig};
 
 const MODELS: [&str; 3] = [
     "smollm2-135m-instruct-q4_1",
@@ -210,7 +210,7 @@ fn logits_agree_with_the_cpu_within_the_bound_with(tuning: GpuTuning) {
 #[ignore = "needs a GPU and fetched models"]
 fn kernel_tuning_changes_logits_at_most_by_rounding() {
     let file = open(DRAFTER);
-    let vocab = on(&gpu(), &file).config().vocab;
+    let vocab = ModelConfig::from_gguf(&file).unwrap().vocab;
     // Several tiles of 32 positions, so that attention's warps share the work.
     let tokens = common::tokenize(&file, &PROMPTS.concat().repeat(4));
     let reference = common::prefill_logits(&on(&gpu(), &file), &tokens);
@@ -894,7 +894,7 @@ fn decode_passes_of_several_sequences_give_each_the_bits_of_its_prefill() {
     const DECODED: usize = 3;
     let file = open(TARGET);
     let mut rng = Rng::seeded(13);
-    let vocab = on(&gpu(), &file).config().vocab;
+    let vocab = ModelConfig::from_gguf(&file).unwrap().vocab;
     let sequences: Vec<Vec<u32>> = [1_100, 300, 40, 4]
         .iter()
         .map(|&n| common::random_tokens(&mut rng, n, vocab))
@@ -1077,7 +1077,7 @@ fn prompt_kernels_take_only_prompts_of_prompt_rows_from_tokens() {
     // prompt, alone or shared with the others, as the session does.
     const FROM: u32 = 200;
     let file = open(TARGET);
-    let vocab = on(&gpu(), &file).config().vocab;
+    let vocab = ModelConfig::from_gguf(&file).unwrap().vocab;
     let mut prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| common::tokenize(&file, p)).collect();
     prompts.push(common::random_tokens(&mut Rng::seeded(5), 300, vocab));
     let both = GpuTuning {
@@ -1088,8 +1088,9 @@ fn prompt_kernels_take_only_prompts_of_prompt_rows_from_tokens() {
         prompt_rows_from: FROM,
         ..both
     };
-    let last_logits = |tuning: GpuTuning| -> Vec<Vec<f32>> {
-        let mut session = Session::new(on(&tuned(tuning), &file), config()).unwrap();
+    let model = on(&tuned(from), &file);
+    let last_logits = |model: Arc<Model<GpuBackend>>| -> Vec<Vec<f32>> {
+        let mut session = Session::new(model, config()).unwrap();
         prompts
             .iter()
             .map(|prompt| {
@@ -1099,7 +1100,9 @@ fn prompt_kernels_take_only_prompts_of_prompt_rows_from_tokens() {
             })
             .collect()
     };
-    let (plain, all, thresholded) = (last_logits(STREAMED), last_logits(both), last_logits(from));
+    let plain = last_logits(on(&tuned(STREAMED), &file));
+    let all = last_logits(on(&tuned(both), &file));
+    let thresholded = last_logits(Arc::clone(&model));
     for (i, prompt) in prompts.iter().enumerate() {
         let (expected, kernels) = if prompt.len() < FROM as usize {
             (&plain[i], "no prompt kernels")
@@ -1116,7 +1119,6 @@ fn prompt_kernels_take_only_prompts_of_prompt_rows_from_tokens() {
             "prompt {i}: the prompt kernels change no bit, so this test shows nothing"
         );
     }
-    let model = on(&tuned(from), &file);
     let mut session = Session::new(Arc::clone(&model), config()).unwrap();
     let expected: Vec<Vec<u32>> = prompts
         .iter()
