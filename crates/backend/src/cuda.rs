@@ -66,6 +66,7 @@ impl Runtime for Cuda {
     const NAME: &'static str = "cuda";
     const GRAPHS_VAR: &'static str = "LUCEBOX_CUDA_GRAPHS";
     const SAMPLING_VAR: &'static str = "LUCEBOX_CUDA_SAMPLING";
+    const SKIP_VAR: &'static str = "LUCEBOX_CUDA_SKIP";
     type Buffer = CudaSlice<u8>;
     type Function = CudaFunction;
     type Graph = CudaGraphExec;

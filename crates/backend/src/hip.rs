@@ -212,6 +212,7 @@ impl Runtime for Hip {
     const NAME: &'static str = "hip";
     const GRAPHS_VAR: &'static str = "LUCEBOX_HIP_GRAPHS";
     const SAMPLING_VAR: &'static str = "LUCEBOX_HIP_SAMPLING";
+    const SKIP_VAR: &'static str = "LUCEBOX_HIP_SKIP";
     type Buffer = HipBuffer;
     type Function = HipFunction;
     type Graph = HipGraph;

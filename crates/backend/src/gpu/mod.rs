@@ -188,6 +188,45 @@ pub struct GpuBackend<R: Runtime> {
     overlap: AtomicBool,
     /// [`Backend::passes_recorded`].
     passes_recorded: AtomicU64,
+    /// The launches left out (`R::SKIP_VAR`), to measure.
+    skipped: SkippedLaunches,
+}
+
+/// Launches a backend leaves out, from a comma-separated list: a kernel family by the name
+/// its launches report errors under (`rms_norm`, `attention`, `silu_mul`, `matmul`, ...) or a
+/// matmul by its weight's role, the tensor name without its layer and `.weight`
+/// (`matmul:ffn_down`, `matmul:attn_output`, `matmul:output`; a launch of several matrices, such
+/// as q, k and v, goes by its first). For `tests/gpu/ablate`: what a decode step saves without
+/// them is what they cost in it, overlapped as they run. The outputs are wrong.
+#[derive(Debug, Default)]
+struct SkippedLaunches(Vec<String>);
+
+impl SkippedLaunches {
+    fn parse(list: &str) -> Self {
+        Self(
+            list.split(',')
+                .map(str::trim)
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    fn op(&self, op: &str) -> bool {
+        self.0.iter().any(|name| name == op)
+    }
+
+    /// Whether the matmuls of the weight tensor `tensor` (`blk.3.ffn_down.weight`) are left out.
+    fn matmul(&self, tensor: &str) -> bool {
+        let unlayered = tensor
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split_once('.'))
+            .map_or(tensor, |(_, role)| role);
+        let role = unlayered.strip_suffix(".weight").unwrap_or(unlayered);
+        self.0
+            .iter()
+            .any(|name| name.strip_prefix("matmul:") == Some(role))
+    }
 }
 
 impl<R: Runtime> std::fmt::Debug for GpuBackend<R> {
@@ -412,6 +451,11 @@ impl<R: Runtime> GpuBackend<R> {
         }
         let graphs = std::env::var_os(R::GRAPHS_VAR).is_none_or(|v| v != "0");
         let samples_rows = std::env::var_os(R::SAMPLING_VAR).is_none_or(|v| v != "0");
+        let skipped = SkippedLaunches::parse(
+            &std::env::var_os(R::SKIP_VAR)
+                .unwrap_or_default()
+                .to_string_lossy(),
+        );
         Ok(Self {
             runtime,
             kernels,
@@ -431,6 +475,7 @@ impl<R: Runtime> GpuBackend<R> {
             sampling: Mutex::new(sample::SampleBuffers::new()),
             overlap: AtomicBool::new(false),
             passes_recorded: AtomicU64::new(0),
+            skipped,
         })
     }
 
@@ -498,7 +543,7 @@ impl<R: Runtime> GpuBackend<R> {
         block: u32,
         args: &[KernelArg],
     ) -> Result<(), Error> {
-        if grid == 0 {
+        if grid == 0 || self.skipped.op(op) {
             return Ok(());
         }
         let overlap = self.overlap.load(Ordering::Relaxed);
@@ -1196,6 +1241,8 @@ impl<R: Runtime> std::fmt::Debug for GpuRecordings<R> {
 /// A weight matrix in device memory, in its GGUF block layout.
 pub struct GpuMatrix<R: Runtime> {
     data: Buffer<R, u8>,
+    /// Its tensor's name in the file.
+    tensor: String,
     /// Whether the matrix's prompt rows go through the f16 GEMM: where the host profile asks
     /// for it (`prompt_gemm`), the model gives the matrix prompt rows, the images have the
     /// GEMM and the width is a multiple of its K step.
@@ -1209,6 +1256,7 @@ pub struct GpuMatrix<R: Runtime> {
 impl<R: Runtime> std::fmt::Debug for GpuMatrix<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuMatrix")
+            .field("tensor", &self.tensor)
             .field("type", &self.format.ty)
             .field("rows", &self.rows)
             .field("cols", &self.cols)
@@ -1500,8 +1548,15 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             let from = self.tuning.prompt_rows_from;
             format!(", prompt rows' {kernels}, prompt_rows_from = {from}")
         });
+        let skipped = match self.skipped.0.as_slice() {
+            [] => String::new(),
+            names => format!(
+                ", {} launches LEFT OUT: outputs are wrong",
+                names.join(", ")
+            ),
+        };
         format!(
-            "{} ({}{tensor_cores}{prompt_kernels})",
+            "{} ({}{tensor_cores}{prompt_kernels}{skipped})",
             R::NAME,
             self.device
         )
@@ -1550,6 +1605,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         }
         Ok(GpuMatrix {
             data,
+            tensor: name.to_owned(),
             prompt_gemm,
             format,
             rows,
@@ -1896,6 +1952,12 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 x.dims(),
                 p.out.dims(),
             )?;
+        }
+        if projections
+            .first()
+            .is_some_and(|p| self.skipped.matmul(&p.matrix.tensor))
+        {
+            return Ok(());
         }
         // Prompt rows through the GEMM where every matrix takes it (which depends on the
         // matrices alone, so a row's class never depends on its pass), the rest after them
@@ -2577,5 +2639,18 @@ mod tests {
         assert_eq!(tile(64, 17920), (64, 128));
         assert_eq!(tile(1, 256), (64, 64));
         assert_eq!(tile(2048, 1536), (128, 128));
+    }
+
+    #[test]
+    fn skipped_launches_name_kernel_families_and_matmuls_by_role() {
+        let skipped = SkippedLaunches::parse(" rms_norm,,matmul:ffn_down , matmul:output");
+        assert!(skipped.op("rms_norm") && !skipped.op("attention") && !skipped.op("matmul"));
+        assert!(skipped.matmul("blk.0.ffn_down.weight"));
+        assert!(skipped.matmul("blk.27.ffn_down.weight"));
+        assert!(skipped.matmul("output.weight"));
+        assert!(!skipped.matmul("blk.3.attn_output.weight"));
+        assert!(!skipped.matmul("blk.3.ffn_up.weight"));
+        assert!(!SkippedLaunches::parse("").matmul("output.weight"));
+        assert!(!SkippedLaunches::parse("").op(""));
     }
 }

@@ -16,6 +16,10 @@ pub trait Runtime: Send + Sync + Sized + sealed::Sealed + 'static {
     /// The environment variable that, set to `0`, leaves sampling to the host (the logits
     /// copied back), to compare.
     const SAMPLING_VAR: &'static str;
+    /// The environment variable naming launches to leave out, to measure what each costs in
+    /// a pass as it runs (graphs, overlapped launches, full clocks), where a profiler would
+    /// serialise them: see [`SkippedLaunches`](super::SkippedLaunches). The outputs are wrong.
+    const SKIP_VAR: &'static str;
     /// Device memory, freed when dropped.
     type Buffer: Send + Sync;
     /// A loaded kernel.
