@@ -113,7 +113,9 @@ static bool dequantized_weights_ok(const char *name, const std::vector<uint8_t> 
 
 // The super-block split for a matrix of `units` row blocks of `blocks` super-blocks: doubling,
 // up to 16 ranges, while the launch has fewer than `target` blocks, as the backend's
-// streamed_split (crates/backend/src/gpu/mod.rs) does with the device's SMs as the target.
+// streamed_split (crates/backend/src/gpu/mod.rs) begins with the device's SMs as the target
+// (it then cuts ranges longer than a turn of its one-row kernel, which these benches' kernels
+// do not have, into turns).
 static int split_for(int units, int blocks, int target) {
     int ksplit = 1;
     while (ksplit < 16 && 2 * ksplit <= blocks && units * ksplit < target) {

@@ -635,15 +635,17 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
     // 1,536 columns in the rows of the 1.5B's q, k and v, launched together as the model does,
     // cut into ranges of two super-blocks, and 1,024 cut into ranges of one, which the one-row
     // kernel takes a warp per row; 8,960 (its down projection) in 41 rows, part of one
-    // row block, cut into ranges of three, whose sums the last block adds; 1,536 in 5,000 rows,
+    // row block, cut into ranges of three, whose sums the last block adds, and in its 1,536
+    // rows, cut into ranges of one turn (four super-blocks); 1,536 in 5,000 rows,
     // not cut; and in 8,960 rows as two matrices, not cut, which the one-row kernel takes two
     // per warp (the 1.5B's gate and up). In both formats the kernel has (Q6_K's 210-byte
     // blocks: rows of 1,260 and 7,350 bytes, at every 2-byte alignment), and as a Q4_K_M file
     // mixes them in q, k and v (Q4_K, Q4_K and Q6_K), in one launch.
-    const SHAPES: [(usize, &[usize]); 5] = [
+    const SHAPES: [(usize, &[usize]); 6] = [
         (1536, &[1536, 256, 256]),
         (1024, &[2048]),
         (8960, &[41]),
+        (8960, &[1536]),
         (1536, &[5000]),
         (1536, &[4480, 4480]),
     ];

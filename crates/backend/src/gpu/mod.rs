@@ -135,6 +135,9 @@ const MMT_SUPERBLOCK: usize = 256;
 /// The most ranges a streamed matmul cuts a row's super-blocks into (`MMT_ROW_MAX_RANGES`: its
 /// one-row kernel takes a warp per range).
 const MMT_MAX_SPLIT: usize = 16;
+/// Super-blocks in a turn of the streamed matmul's one-row kernel: a warp's lanes take a
+/// sub-block each.
+const MMT_TURN_SUPERBLOCKS: usize = 4;
 /// Weight rows per block of the streamed matmul's one-row kernel when rows are not cut into
 /// ranges (`MMT_ROW_WARPS`), a warp each.
 const MMT_ROW_WARPS: usize = 4;
@@ -2366,9 +2369,18 @@ fn gemm_tile(rows: usize, weight_rows: usize) -> usize {
 
 /// How many ranges the streamed matmul cuts each row's `superblocks` into for a launch of
 /// `row_blocks` blocks of [`MMT_WEIGHT_ROWS`] rows: doubling while the launch has fewer blocks
-/// than the device has `multiprocessors` and each range keeps a super-block. The order in
-/// which a row's sum is added depends on it, so it depends on the matrices and the device
-/// alone, never on the activation rows.
+/// than the device has `multiprocessors` and each range keeps a super-block; then, where that
+/// leaves ranges longer than one turn of the one-row kernel ([`MMT_TURN_SUPERBLOCKS`]), ranges
+/// of exactly one turn, where they fit [`MMT_MAX_SPLIT`] and the scratch
+/// ([`streamed_scratch_len`]). Eight ranges of the 1.5B's down projection (35 super-blocks)
+/// took five each, so each warp of the one-row kernel waited on memory twice and ran its second
+/// turn a quarter full; in nine of four, a turn each, the projection cost 216–235 µs of a decode
+/// step instead of 273 (`tests/gpu/ablate`), and an H100 decoded at 821–842 tok/s against
+/// 790–798 (`bench --chip rtx3090 --batch 1,4,16,64 --prompt-tokens 128 --gen-tokens 64`,
+/// alternated): 4 sequences 2–3% faster, 16 1–2% slower (their tiles, in nine ranges too), 64
+/// level. The order in which a row's sum is added
+/// depends on the split, so it depends on the matrices and the device alone, never on the
+/// activation rows.
 fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize) -> usize {
     let mut ksplit = 1;
     while ksplit < MMT_MAX_SPLIT
@@ -2376,6 +2388,15 @@ fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize)
         && row_blocks * ksplit < multiprocessors
     {
         ksplit *= 2;
+    }
+    let turns = superblocks.div_ceil(MMT_TURN_SUPERBLOCKS);
+    if ksplit > 1
+        && superblocks.div_ceil(ksplit) > MMT_TURN_SUPERBLOCKS
+        && superblocks.div_ceil(turns) == MMT_TURN_SUPERBLOCKS
+        && turns <= MMT_MAX_SPLIT
+        && row_blocks * turns < 2 * multiprocessors
+    {
+        return turns;
     }
     ksplit
 }
@@ -2576,8 +2597,13 @@ mod tests {
             for row_blocks in 1..600 {
                 for superblocks in 1..48 {
                     let ksplit = streamed_split(row_blocks, superblocks, multiprocessors);
-                    assert!(ksplit.is_power_of_two() && ksplit <= MMT_MAX_SPLIT);
+                    assert!(ksplit <= MMT_MAX_SPLIT);
                     assert!(ksplit == 1 || ksplit <= superblocks);
+                    // Doubled, or cut into ranges of exactly one turn.
+                    assert!(
+                        ksplit.is_power_of_two()
+                            || superblocks.div_ceil(ksplit) == MMT_TURN_SUPERBLOCKS
+                    );
                     if ksplit == 1 {
                         continue;
                     }
@@ -2591,10 +2617,11 @@ mod tests {
             }
         }
         // The 1.5B on the H200's 132 SMs: q, k and v together (32 row blocks of 6 super-blocks)
-        // and o in four ranges, down (8,960 columns) in eight, gate and up in one.
+        // and o in four ranges, down (8,960 columns) in nine of one turn (doubling gave eight of
+        // five super-blocks), gate and up in one.
         assert_eq!(streamed_split(32, 6, 132), 4);
         assert_eq!(streamed_split(24, 6, 132), 4);
-        assert_eq!(streamed_split(24, 35, 132), 8);
+        assert_eq!(streamed_split(24, 35, 132), 9);
         assert_eq!(streamed_split(280, 6, 132), 1);
     }
 
@@ -2602,7 +2629,7 @@ mod tests {
     fn only_many_uncut_rows_of_4k_plus_2_super_blocks_take_the_paired_one_row_kernel() {
         // The 1.5B on the H200: gate and up (17,920 rows of 6 super-blocks, not cut) and the
         // output (151,936 rows) are paired; q, k and v (cut into four ranges) and down (35
-        // super-blocks, eight ranges) are not.
+        // super-blocks, nine ranges) are not.
         let ksplit = |rows: usize, superblocks| {
             streamed_split(rows.div_ceil(MMT_WEIGHT_ROWS), superblocks, 132)
         };
@@ -2619,7 +2646,7 @@ mod tests {
     #[test]
     fn rows_cut_into_ranges_of_one_or_two_super_blocks_take_a_warp_each() {
         // The 1.5B on the H200: q, k and v, and o (6 super-blocks in four ranges) do; down (35
-        // in eight ranges of five) and uncut rows do not.
+        // in nine ranges of one turn) and uncut rows do not.
         assert!(streamed_short_ranges(6, 4));
         assert!(!streamed_short_ranges(35, 8));
         assert!(!streamed_short_ranges(6, 1));
