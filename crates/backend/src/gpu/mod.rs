@@ -138,6 +138,9 @@ const MMT_MAX_SPLIT: usize = 16;
 /// Super-blocks in a turn of the streamed matmul's one-row kernel: a warp's lanes take a
 /// sub-block each.
 const MMT_TURN_SUPERBLOCKS: usize = 4;
+/// The streamed matmul's scratch holds the partial sums of fewer than this many row blocks
+/// times ranges per SM ([`streamed_scratch_len`]), which bounds [`streamed_split`].
+const MMT_SCRATCH_RANGES_PER_SM: usize = 2;
 /// Weight rows per block of the streamed matmul's one-row kernel when rows are not cut into
 /// ranges (`MMT_ROW_WARPS`), a warp each.
 const MMT_ROW_WARPS: usize = 4;
@@ -2378,9 +2381,8 @@ fn gemm_tile(rows: usize, weight_rows: usize) -> usize {
 /// step instead of 273 (`tests/gpu/ablate`), and an H100 decoded at 821–842 tok/s against
 /// 790–798 (`bench --chip rtx3090 --batch 1,4,16,64 --prompt-tokens 128 --gen-tokens 64`,
 /// alternated): 4 sequences 2–3% faster, 16 1–2% slower (their tiles, in nine ranges too), 64
-/// level. The order in which a row's sum is added
-/// depends on the split, so it depends on the matrices and the device alone, never on the
-/// activation rows.
+/// level. The order in which a row's sum is added depends on the split, so it depends on the
+/// matrices and the device alone, never on the activation rows.
 fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize) -> usize {
     let mut ksplit = 1;
     while ksplit < MMT_MAX_SPLIT
@@ -2391,10 +2393,10 @@ fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize)
     }
     let turns = superblocks.div_ceil(MMT_TURN_SUPERBLOCKS);
     if ksplit > 1
-        && superblocks.div_ceil(ksplit) > MMT_TURN_SUPERBLOCKS
+        && turns > ksplit
         && superblocks.div_ceil(turns) == MMT_TURN_SUPERBLOCKS
         && turns <= MMT_MAX_SPLIT
-        && row_blocks * turns < 2 * multiprocessors
+        && row_blocks * turns < MMT_SCRATCH_RANGES_PER_SM * multiprocessors
     {
         return turns;
     }
@@ -2403,11 +2405,12 @@ fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize)
 
 /// The partial sums and counters a streamed matmul over `rows` activation rows needs at most,
 /// whatever its matrices ([`streamed_split`]): with ranges, a launch has fewer row blocks than
-/// `multiprocessors`, and fewer than twice that many row blocks times ranges.
+/// `multiprocessors`, and fewer than [`MMT_SCRATCH_RANGES_PER_SM`] times that many row blocks
+/// times ranges.
 fn streamed_scratch_len(rows: usize, multiprocessors: usize) -> (usize, usize) {
     let tiles = rows.div_ceil(MMT_TILE_ROWS);
     (
-        tiles * MMT_TILE_ROWS * 2 * multiprocessors * MMT_WEIGHT_ROWS,
+        tiles * MMT_TILE_ROWS * MMT_SCRATCH_RANGES_PER_SM * multiprocessors * MMT_WEIGHT_ROWS,
         tiles * multiprocessors,
     )
 }
@@ -2648,7 +2651,7 @@ mod tests {
         // The 1.5B on the H200: q, k and v, and o (6 super-blocks in four ranges) do; down (35
         // in nine ranges of one turn) and uncut rows do not.
         assert!(streamed_short_ranges(6, 4));
-        assert!(!streamed_short_ranges(35, 8));
+        assert!(!streamed_short_ranges(35, 9));
         assert!(!streamed_short_ranges(6, 1));
         // Ranges of one super-block; of three.
         assert!(streamed_short_ranges(4, 4));
