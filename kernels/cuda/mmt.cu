@@ -220,12 +220,12 @@ static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage
 // minimum, the block's d and dmin, the activations' (d_hi, d_lo) and the sum of their 32
 // values. Spelled with rounding intrinsics: the streamed matmul and its one-row kernel compute
 // it alike.
-static __device__ __forceinline__ float q4_k_sub_block_value(float d, float dmin, int sc, int m,
-                                                            float2 x, float x_sum, int dot_hi,
-                                                            int dot_lo) {
+static __device__ __forceinline__ float q4_k_sub_block_value(float d, float dmin, float sc,
+                                                            float m, float2 x, float x_sum,
+                                                            int dot_hi, int dot_lo) {
     const float v =
         __fmaf_rn(x.x, unbiased_float(dot_hi), __fmul_rn(x.y, unbiased_float(dot_lo)));
-    return __fmaf_rn(__fmul_rn(d, (float)sc), v, -__fmul_rn(__fmul_rn(dmin, (float)m), x_sum));
+    return __fmaf_rn(__fmul_rn(d, sc), v, -__fmul_rn(__fmul_rn(dmin, m), x_sum));
 }
 
 // The value of one Q6_K sub-block of 32 weights times 32 activations: from the block's d, the
@@ -238,18 +238,14 @@ static __device__ __forceinline__ float q6_k_sub_block_value(float d, float2 x, 
                                   __fmul_rn(x.y, __int2float_rn(scaled_lo))));
 }
 
-// Four 6-bit Q6_K quants q, one per byte, as the signed bytes q - 32: bit 5 flipped, then
-// copied into bits 6 and 7.
-static __device__ __forceinline__ int centred_q6(unsigned q) {
-    const unsigned v = q ^ 0x20202020u;
-    return (int)(v | ((v & 0x20202020u) * 6));
-}
-
-// Four quants of Q6_K quarter `quarter` of a half: from a word of its low nibbles (ql) and the
-// matching word of high bit pairs (qh).
+// Four quants of Q6_K quarter `quarter` of a half, as the signed bytes q - 32: from a word of
+// its low nibbles (ql) and the matching word of high bit pairs (qh), whose pairs a rotation
+// puts at bits 4 and 5 of their bytes. Adding 0x60 to a byte q < 64 carries into no other, and
+// flipping the sum's top bit leaves q + 0xE0, that is q - 32 modulo 256.
 static __device__ __forceinline__ int q6_k_quants(unsigned ql, unsigned qh, unsigned quarter) {
-    return centred_q6(((ql >> (4 * (quarter / 2))) & 0x0F0F0F0F) |
-                      (((qh >> (2 * quarter)) & 0x03030303) << 4));
+    const unsigned high = __funnelshift_r(qh, qh, 2 * quarter + 28) & 0x30303030;
+    const unsigned q = ((ql >> (4 * (quarter / 2))) & 0x0F0F0F0F) | high;
+    return (int)((q + 0x60606060) ^ 0x80808080);
 }
 
 // A lane's four outputs, added as the one-row kernel's warp adds a row (mmt_row_<format>): a
@@ -604,25 +600,25 @@ template <int WIDTH> static __device__ __forceinline__ float butterfly_sum(float
     return value;
 }
 
-// Weights w, of sub-block `sub` of super-block blk of a row, times the same columns of
-// activation row tok of x.
+// Weights w, of sub-block `sub` of a row whose sub-blocks are numbered from 0 as `group`, times
+// the same columns of one row of quantized activations, x. The activations' offsets are
+// 32-bit, each one multiply-add from its row's pointer: a row's 64-bit offsets rebuilt for
+// every sub-block were a fifth of the one-row kernels' instructions.
 template <typename Format>
 static __device__ __forceinline__ float times_activations(const typename Format::Weights &w,
-                                                          unsigned blk, unsigned sub, int tok,
-                                                          int cols, const QuantizedRow &x) {
-    const size_t col = (size_t)tok * cols + 256 * blk + 32 * sub;
-    const size_t group = (size_t)tok * (cols / SPAN) + 8 * blk + sub;
-    return Format::value(w, (const uint8_t *)(x.hi + col), (const uint8_t *)(x.lo + col),
-                         x.scales[group], x.sums + 2 * group);
+                                                          unsigned sub, unsigned group,
+                                                          const QuantizedRow &x) {
+    return Format::value(w, sub, (const uint8_t *)(x.hi + SPAN * group),
+                         (const uint8_t *)(x.lo + SPAN * group), x.scales[group],
+                         x.sums + 2 * group);
 }
 
-// Sub-block `sub` of super-block blk of a row's weights at w_row times activation row tok.
+// Sub-block `sub` of super-block blk of a row's weights at w_row times activation row x.
 template <typename Format>
-static __device__ __forceinline__ float sub_block_value(
-    const uint8_t *w_row, unsigned blk, unsigned sub, int tok, int cols, const signed char *x_hi,
-    const signed char *x_lo, const float2 *x_scales, const float *x_sums) {
-    return times_activations<Format>(Format::weights(w_row + (size_t)blk * Format::BYTES, sub),
-                                     blk, sub, tok, cols, {x_hi, x_lo, x_scales, x_sums});
+static __device__ __forceinline__ float sub_block_value(const uint8_t *w_row, unsigned blk,
+                                                        unsigned sub, const QuantizedRow &x) {
+    return times_activations<Format>(Format::weights(w_row + blk * Format::BYTES, sub), sub,
+                                     8 * blk + sub, x);
 }
 
 // A lane's sub-block of one turn of a row: sub-block `sub` of super-block blk, its weights
@@ -637,13 +633,12 @@ template <typename Format> struct RowSubBlock {
                                            bool present)
         : blk(blk), present(present) {
         if (present) {
-            weights = Format::weights(w_row + (size_t)blk * Format::BYTES, sub);
+            weights = Format::weights(w_row + blk * Format::BYTES, sub);
         }
     }
-    // Its value with activation row tok of x.
-    __device__ __forceinline__ float value(unsigned sub, int tok, int cols,
-                                           const QuantizedRow &x) const {
-        return present ? times_activations<Format>(weights, blk, sub, tok, cols, x) : 0.0f;
+    // Its value with activation row x.
+    __device__ __forceinline__ float value(unsigned sub, const QuantizedRow &x) const {
+        return present ? times_activations<Format>(weights, sub, 8 * blk + sub, x) : 0.0f;
     }
 };
 
@@ -676,14 +671,15 @@ static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart
     }
     WAIT_FOR_PREVIOUS_KERNEL();
     const unsigned sub = lane % 8;
+    const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
     for (int tok = 0; tok < tokens; tok++) {
+        const QuantizedRow x_row = activation_row(x, cols, tok);
         float acc = 0.0f;
         for (unsigned base = first; base < last_blk; base += 4) {
             const unsigned blk = base + lane / 8;
             float value = 0.0f;
             if (has_row && blk < last_blk) {
-                value = sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo, x_scales,
-                                                x_sums);
+                value = sub_block_value<Format>(w_row, blk, sub, x_row);
             }
             acc = __fadd_rn(acc, butterfly_sum<WARP_SIZE>(value));
         }
@@ -754,6 +750,7 @@ static __device__ __forceinline__ void mmt_row_ranges(MatvecPart part, const Mat
     WAIT_FOR_PREVIOUS_KERNEL();
     const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
     for (int tok = 0; tok < tokens; tok++) {
+        const QuantizedRow x_row = activation_row(x, cols, tok);
         float sum = 0.0f;
         // The turn's two ranges, each the sum of its one turn from 0, added to the row's.
         const auto add_turn = [&](float value) {
@@ -764,12 +761,11 @@ static __device__ __forceinline__ void mmt_row_ranges(MatvecPart part, const Mat
 #pragma unroll
         for (int j = 0; j < TURNS; j++) {
             if (j < turns) {
-                add_turn(first[j].value(sub, tok, cols, x));
+                add_turn(first[j].value(sub, x_row));
             }
         }
         for (int j = TURNS; j < turns; j++) {
-            add_turn(RowSubBlock<Format>(w_row, blk_of(j), sub, in_row(j)).value(sub, tok, cols,
-                                                                                 x));
+            add_turn(RowSubBlock<Format>(w_row, blk_of(j), sub, in_row(j)).value(sub, x_row));
         }
         if (has_row && lane == 0) {
             write_row_sum(part, row, tok, sum);
@@ -814,25 +810,24 @@ static __device__ __forceinline__ void mmt_row_pair(
     // This lane's sub-block value in super-block blk of a row (0 where there is no row). The
     // first turn's weights are not loaded before the wait, as mmt_row_ranges' are: held across
     // it, they made this kernel spill at its 64 registers.
-    const auto value_of = [&](const uint8_t *w_row, bool has, unsigned blk, int tok) {
-        return has ? sub_block_value<Format>(w_row, blk, sub, tok, cols, x_hi, x_lo, x_scales,
-                                             x_sums)
-                   : 0.0f;
-    };
+    const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
     for (int tok = 0; tok < tokens; tok++) {
+        const QuantizedRow x_row = activation_row(x, cols, tok);
+        const auto value_of = [&](const uint8_t *w_row, bool has, unsigned blk) {
+            return has ? sub_block_value<Format>(w_row, blk, sub, x_row) : 0.0f;
+        };
         float acc_a = 0.0f;
         for (unsigned base = 0; base < 4 * turns; base += 4) {
             acc_a = __fadd_rn(acc_a,
-                              butterfly_sum<WARP_SIZE>(value_of(w_a, has_a, base + lane / 8, tok)));
+                              butterfly_sum<WARP_SIZE>(value_of(w_a, has_a, base + lane / 8)));
         }
         const bool of_b = lane >= WARP_SIZE / 2;
         float halves = butterfly_sum<WARP_SIZE / 2>(value_of(
-            of_b ? w_b : w_a, of_b ? has_b : has_a, of_b ? lane / 8 - 2 : 4 * turns + lane / 8,
-            tok));
+            of_b ? w_b : w_a, of_b ? has_b : has_a, of_b ? lane / 8 - 2 : 4 * turns + lane / 8));
         acc_a = __fadd_rn(acc_a, __fadd_rn(SHFL(halves, 0), 0.0f));
         float first_half = SHFL(halves, WARP_SIZE / 2), acc_b = 0.0f;
         for (unsigned j = 0; j < turns; j++) {
-            halves = butterfly_sum<WARP_SIZE / 2>(value_of(w_b, has_b, 4 * j + 2 + lane / 8, tok));
+            halves = butterfly_sum<WARP_SIZE / 2>(value_of(w_b, has_b, 4 * j + 2 + lane / 8));
             acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, SHFL(halves, 0)));
             first_half = SHFL(halves, WARP_SIZE / 2);
         }
@@ -846,34 +841,47 @@ static __device__ __forceinline__ void mmt_row_pair(
     }
 }
 
+// a . b + c over four bytes, a's unsigned and b's signed.
+static __device__ __forceinline__ int dp4a_unsigned_signed(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
 // Sub-block `sub` of the Q4_K block at b: its 32 quants (the low or high nibbles of its
 // chunk's 32 bytes, eight words), 6-bit scale and minimum, and the block's d and dmin; times 32
 // activations of each part (hi, lo: 16-byte aligned), their (d_hi, d_lo) and their sums of 16,
-// eight DP4A per part.
+// eight DP4A per part. The nibbles are masked where they lie, not shifted down: a high
+// nibble's products come out 16 times their value, a multiple of 16 that one exact shift of
+// each dot product divides back, two shifts where eight were.
 struct Q4KRow {
     static constexpr int BYTES = BlockQ4_K::BYTES;
     struct Weights {
-        int quants[8];
-        int sc, m;
+        unsigned quants[8];
+        float sc, m;
         unsigned d_dmin;
     };
     static __device__ __forceinline__ Weights weights(const uint8_t *b, unsigned sub) {
-        const unsigned chunk = sub / 2, shift = 4 * (sub % 2);
         const uint4 head = *(const uint4 *)b;
         const unsigned q[3] = {head.y, head.z, head.w};
+        const unsigned scale_min = scale_min_k4_pair(q, sub);
+        const unsigned nibbles = 0x0F0F0F0Fu << (4 * (sub % 2));
+        const uint4 *chunk = (const uint4 *)(b + 16 + 32 * (sub / 2));
+        const uint4 first = chunk[0], second = chunk[1];
+        const unsigned quants[8] = {first.x,  first.y,  first.z,  first.w,
+                                    second.x, second.y, second.z, second.w};
         Weights w;
-        scale_min_k4_words(q, sub, &w.sc, &w.m);
-        load16(b + 16 + 32 * chunk, w.quants);
-        load16(b + 32 + 32 * chunk, w.quants + 4);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            w.quants[i] = (w.quants[i] >> shift) & 0x0F0F0F0F;
+            w.quants[i] = quants[i] & nibbles;
         }
+        w.sc = byte_float(scale_min, 0);
+        w.m = byte_float(scale_min, 1);
         w.d_dmin = head.x;
         return w;
     }
-    static __device__ __forceinline__ float value(const Weights &w, const uint8_t *hi,
-                                                  const uint8_t *lo, float2 x,
+    static __device__ __forceinline__ float value(const Weights &w, unsigned sub,
+                                                  const uint8_t *hi, const uint8_t *lo, float2 x,
                                                   const float *sums) {
         int h[8], l[8];
         load16(hi, h);
@@ -885,18 +893,22 @@ struct Q4KRow {
         int dot_hi = 0, dot_lo = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            dot_hi = DP4A(w.quants[i], h[i], dot_hi);
-            dot_lo = DP4A(w.quants[i], l[i], dot_lo);
+            dot_hi = dp4a_unsigned_signed(w.quants[i], h[i], dot_hi);
+            dot_lo = dp4a_unsigned_signed(w.quants[i], l[i], dot_lo);
         }
+        const unsigned shift = 4 * (sub % 2);
         return q4_k_sub_block_value(half_of(w.d_dmin, false), half_of(w.d_dmin, true), w.sc,
-                                    w.m, x, __fadd_rn(sums[0], sums[1]), BIASED_ZERO + dot_hi,
-                                    BIASED_ZERO + dot_lo);
+                                    w.m, x, __fadd_rn(sums[0], sums[1]),
+                                    BIASED_ZERO + (dot_hi >> shift),
+                                    BIASED_ZERO + (dot_lo >> shift));
     }
 };
 
 // Sub-block `sub` of the 2-byte aligned Q6_K block at b, as Q4KRow's: quarter sub % 4 of half
 // sub / 4, its 32 bytes of low nibbles and of high bit pairs as 32 quants q - 32, the two 8-bit
-// scales of its halves and the block's d; four DP4A per half and part.
+// scales of its halves and the block's d; four DP4A per half and part. Each run of 32 bytes
+// comes as the nine aligned words that cover it (the ninth inside the block: the runs end 18
+// bytes or more before it), a word put back together from two by one byte permute.
 struct Q6KRow {
     static constexpr int BYTES = BlockQ6_K::BYTES;
     struct Weights {
@@ -906,23 +918,23 @@ struct Q6KRow {
     };
     static __device__ __forceinline__ Weights weights(const uint8_t *b, unsigned sub) {
         const unsigned n = sub / 4, quarter = sub % 4;
-        int ql[8], qh[8];
-        load16_unaligned(b + 64 * n + 32 * (quarter % 2), ql);
-        load16_unaligned(b + 64 * n + 32 * (quarter % 2) + 16, ql + 4);
-        load16_unaligned(b + 128 + 32 * n, qh);
-        load16_unaligned(b + 128 + 32 * n + 16, qh + 4);
+        const unsigned skew = (unsigned)((size_t)b % 4);
+        const unsigned *words = (const unsigned *)(b - skew);
+        const unsigned realign = skew ? 0x5432 : 0x3210;
+        const unsigned *ql = words + 16 * n + 8 * (quarter % 2), *qh = words + 32 + 8 * n;
         Weights w;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            w.quants[i] = q6_k_quants((unsigned)ql[i], (unsigned)qh[i], quarter);
+            w.quants[i] = q6_k_quants(__byte_perm(ql[i], ql[i + 1], realign),
+                                      __byte_perm(qh[i], qh[i + 1], realign), quarter);
         }
         const unsigned short scales = *(const unsigned short *)(b + 192 + 8 * n + 2 * quarter);
         w.sc_a = (signed char)(scales & 0xFF);
         w.sc_b = (signed char)(scales >> 8);
-        w.d = load_f16(b + 208);
+        w.d = __half2float(__ushort_as_half(*(const unsigned short *)(b + 208)));
         return w;
     }
-    static __device__ __forceinline__ float value(const Weights &w, const uint8_t *hi,
+    static __device__ __forceinline__ float value(const Weights &w, unsigned, const uint8_t *hi,
                                                   const uint8_t *lo, float2 x, const float *) {
         int h[8], l[8];
         load16(hi, h);

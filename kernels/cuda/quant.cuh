@@ -81,21 +81,25 @@ struct ChunkScales {
     float d_lo, min_lo, d_hi, min_hi;
 };
 
-// Byte i (0..3) of w.
-static __device__ __forceinline__ int byte_of(unsigned w, int i) { return (w >> (8 * i)) & 0xFF; }
+// The 6-bit scale (byte 0) and minimum (byte 1) of sub-block j (0..8), from the block's 12
+// scale bytes held in three words (scale_min_k4 on registers): bytes j % 4 of the first two
+// words side by side in one permute, for j < 4 their low six bits; for j >= 4 the third word's
+// byte j % 4 split into its nibbles (a second permute), over those bytes' top two bits. Both
+// forms, then a choice: the lanes of a warp take sub-blocks of both halves, and a branch would
+// run each half's instructions for all of them.
+static __device__ __forceinline__ unsigned scale_min_k4_pair(const unsigned q[3], unsigned j) {
+    const unsigned i = j % 4, side_by_side = i | (i + 4) << 4;
+    const unsigned firsts = __byte_perm(q[0], q[1], side_by_side);
+    const unsigned nibbles = __byte_perm(q[2], q[2] >> 4, side_by_side) & 0x0F0F;
+    return j < 4 ? firsts & 0x3F3F : nibbles | ((firsts >> 2) & 0x3030);
+}
 
-// The 6-bit scale and minimum of sub-block j (0..8), from the block's 12 scale bytes held in
-// three words (scale_min_k4 on registers).
+// scale_min_k4_pair's scale and minimum as integers.
 static __device__ __forceinline__ void scale_min_k4_words(const unsigned q[3], unsigned j,
                                                           int *sc, int *m) {
-    const unsigned i = j % 4;
-    // Both forms, then a choice: the lanes of a warp take sub-blocks of both halves, and a
-    // branch would run each half's instructions for all of them.
-    const int sc_first = byte_of(q[0], i) & 63, m_first = byte_of(q[1], i) & 63;
-    const int sc_last = (byte_of(q[2], i) & 0xF) | ((byte_of(q[0], i) >> 6) << 4);
-    const int m_last = (byte_of(q[2], i) >> 4) | ((byte_of(q[1], i) >> 6) << 4);
-    *sc = j < 4 ? sc_first : sc_last;
-    *m = j < 4 ? m_first : m_last;
+    const unsigned pair = scale_min_k4_pair(q, j);
+    *sc = (int)(pair & 0xFF);
+    *m = (int)(pair >> 8);
 }
 
 // The bits of 1.5 * 2^23, where an integer that is to become a float starts: while it stays
