@@ -18,13 +18,13 @@
 // activations, the matching nibbles of its two weight rows, 8 consecutive bytes of a Q4_K
 // block): where a column sits inside an mma is free as long as both sides agree. A Q6_K
 // sub-block has a scale per 16 columns, so it is an m16n8k16 per half and part, its quants
-// taken as q - 32. Integer sums are exact; each sub-block's are scaled in float (the format's
-// sub_block_value), and a row's values are added in the order of a warp reduction: each turn
-// of four super-blocks (32 sub-blocks) as a pairwise tree, the turns in order (TurnSums). So a
-// one-row kernel whose lanes take a sub-block each and whose warp adds them with a butterfly
-// (mmt_row_<format>) gives the same bits, and decode and two-row passes take it: on a single
-// row, the tiles' blocks of four warps, each waiting on its staged super-block, hide less
-// latency than many independent warps.
+// taken as q - 32. Integer sums are exact; each sub-block's are scaled in float
+// (<format>_sub_block_value), and a row's values are added in the order of a warp reduction:
+// each turn of four super-blocks (32 sub-blocks) as a pairwise tree, the turns in order
+// (TurnSums). So a one-row kernel whose lanes take a sub-block each and whose warp adds them
+// with a butterfly (mmt_row_<format>) gives the same bits, and decode and short passes take it:
+// on a single row, the tiles' blocks of four warps, each waiting on its staged super-block,
+// hide less latency than many independent warps.
 //
 // Where a launch has fewer row blocks than the GPU has SMs, the super-blocks are cut into
 // `ksplit` ranges, one block each, chosen by the host from the matrices' shape alone (never
@@ -579,16 +579,21 @@ static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPa
     }
 }
 
-// The one-row kernel of the streamed matmul's bits, for decode steps and passes of two rows,
-// each activation row in turn. A warp takes one range of one row (MMT_ROW_WARPS rows per
+// The one-row kernel of the streamed matmul's bits, for decode steps and passes of up to
+// MMT_ROW_MAX_ROWS activation rows. A warp takes one range of one row (MMT_ROW_WARPS rows per
 // block without ranges; with them, a block per row and a warp per range, the ranges being the
 // streamed matmul's for the same launch). Per turn, lane i takes sub-block i % 8 of super-block
-// i / 8 of the next four: `Format::sub_block_value`, its value from its quants and its 32
-// activations of each part; the warp's butterfly (offsets 1 to 16) adds the turn's 32 values
-// as TurnSums does, and the turns are added in order. Ranges are added in order by the row's
-// first warp, then the bias, as the streamed matmul's last block adds them.
+// i / 8 of the next four: its weights loaded and decoded once (RowSubBlock), then for each
+// activation row `Format::value`, from its quants and its 32 activations of each part; the
+// warp's butterfly (offsets 1 to 16) adds the turn's 32 values as TurnSums does, and the turns
+// are added in order, for each row apart. Ranges are added in order by the row's first warp,
+// then the bias, as the streamed matmul's last block adds them. ROWS bounds the pass's rows: a
+// pass of one row (decode) takes an instance of its own, whose loop holds one row's
+// instructions (with one loop for both, decode ran 2-3% slower on an H100), and passes of up to
+// MMT_ROW_MAX_ROWS another. Taking four rows so lost to the tiles at three and four.
 #define MMT_ROW_WARPS 4
 #define MMT_ROW_MAX_RANGES 16
+#define MMT_ROW_MAX_ROWS 2
 
 // The sum of `value` over each group of WIDTH lanes (a power of two), in every lane of the
 // group: the butterfly whose order TurnSums follows.
@@ -613,17 +618,10 @@ static __device__ __forceinline__ float times_activations(const typename Format:
                          x.sums + 2 * group);
 }
 
-// Sub-block `sub` of super-block blk of a row's weights at w_row times activation row x.
-template <typename Format>
-static __device__ __forceinline__ float sub_block_value(const uint8_t *w_row, unsigned blk,
-                                                        unsigned sub, const QuantizedRow &x) {
-    return times_activations<Format>(Format::weights(w_row + blk * Format::BYTES, sub), sub,
-                                     8 * blk + sub, x);
-}
-
 // A lane's sub-block of one turn of a row: sub-block `sub` of super-block blk, its weights
-// loaded and decoded as its format multiplies them (so that the first turns' can come before
-// the wait for the previous kernel, as the matvec's first spans do), or absent (value 0).
+// loaded and decoded as its format multiplies them, once for all of a pass's activation rows
+// (and so that the first turns' can come before the wait for the previous kernel, as the
+// matvec's first spans do), or absent (value 0).
 template <typename Format> struct RowSubBlock {
     typename Format::Weights weights;
     unsigned blk;
@@ -642,20 +640,34 @@ template <typename Format> struct RowSubBlock {
     }
 };
 
+// A lane's sub-block `weights` times each of a pass's `tokens` activation rows (at most
+// ROWS), each value given to add(tok, value): the weights are loaded and decoded once for all.
+template <int ROWS, typename Format, typename Add>
+static __device__ __forceinline__ void for_each_row(const RowSubBlock<Format> &weights,
+                                                    unsigned sub, const QuantizedRow &x,
+                                                    int cols, int tokens, Add add) {
+#pragma unroll
+    for (int tok = 0; tok < ROWS; tok++) {
+        if (tok < tokens) {
+            add(tok, weights.value(sub, activation_row(x, cols, tok)));
+        }
+    }
+}
+
 // Row `row` of `part` for activation row tok: its sum, then the bias.
 static __device__ __forceinline__ void write_row_sum(const MatvecPart &part, int row, int tok,
                                                      float sum) {
     part.out[(size_t)tok * part.rows + row] = part.bias ? __fadd_rn(sum, part.bias[row]) : sum;
 }
 
-template <typename Format>
+template <typename Format, int ROWS>
 static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart second,
                                                const MatvecPart third,
                                                unsigned long long row_bytes, int cols,
                                                const signed char *x_hi, const signed char *x_lo,
                                                const float2 *x_scales, const float *x_sums,
                                                int tokens, int ksplit) {
-    __shared__ float partials[MMT_ROW_MAX_RANGES];
+    __shared__ float partials[ROWS][MMT_ROW_MAX_RANGES];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int rows_per_block = ksplit == 1 ? MMT_ROW_WARPS : 1;
     const int range = ksplit == 1 ? 0 : warp;
@@ -672,32 +684,42 @@ static __device__ __forceinline__ void mmt_row(MatvecPart part, const MatvecPart
     WAIT_FOR_PREVIOUS_KERNEL();
     const unsigned sub = lane % 8;
     const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
-    for (int tok = 0; tok < tokens; tok++) {
-        const QuantizedRow x_row = activation_row(x, cols, tok);
-        float acc = 0.0f;
-        for (unsigned base = first; base < last_blk; base += 4) {
-            const unsigned blk = base + lane / 8;
-            float value = 0.0f;
-            if (has_row && blk < last_blk) {
-                value = sub_block_value<Format>(w_row, blk, sub, x_row);
+    float acc[ROWS];
+#pragma unroll
+    for (int tok = 0; tok < ROWS; tok++) {
+        acc[tok] = 0.0f;
+    }
+    for (unsigned base = first; base < last_blk; base += 4) {
+        const unsigned blk = base + lane / 8;
+        const RowSubBlock<Format> weights(w_row, blk, sub, has_row && blk < last_blk);
+        for_each_row<ROWS>(weights, sub, x, cols, tokens, [&](int tok, float value) {
+            acc[tok] = __fadd_rn(acc[tok], butterfly_sum<WARP_SIZE>(value));
+        });
+    }
+    if (ksplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int tok = 0; tok < ROWS; tok++) {
+                partials[tok][range] = acc[tok];
             }
-            acc = __fadd_rn(acc, butterfly_sum<WARP_SIZE>(value));
         }
-        if (ksplit > 1) {
-            if (lane == 0) {
-                partials[range] = acc;
-            }
-            __syncthreads();
-            if (warp == 0) {
-                acc = 0.0f;
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int tok = 0; tok < ROWS; tok++) {
+                acc[tok] = 0.0f;
                 for (int r = 0; r < ksplit; r++) {
-                    acc = __fadd_rn(acc, partials[r]);
+                    acc[tok] = __fadd_rn(acc[tok], partials[tok][r]);
                 }
             }
-            __syncthreads();
         }
-        if (has_row && range == 0 && lane == 0) {
-            write_row_sum(part, row, tok, acc);
+    }
+    if (has_row && range == 0 && lane == 0) {
+#pragma unroll
+        for (int tok = 0; tok < ROWS; tok++) {
+            if (tok < tokens) {
+                write_row_sum(part, row, tok, acc[tok]);
+            }
         }
     }
 }
@@ -784,8 +806,9 @@ static __device__ __forceinline__ void mmt_row_ranges(MatvecPart part, const Mat
 // super-blocks and whose second half is b's first two, then k turns over b's super-blocks
 // 4j + 2 to 4j + 5. Each half is added by a butterfly over its 16 lanes, and b's turns are put
 // back together from the halves (the second half of one turn, the first of the next), so each
-// row adds the same values in the same order as a warp of its own.
-template <typename Format>
+// row adds the same values in the same order as a warp of its own. A pass's rows share each
+// sub-block's weights, and ROWS bounds them, as in mmt_row.
+template <typename Format, int ROWS>
 static __device__ __forceinline__ void mmt_row_pair(
     const MatvecPart &parts, const MatvecPart &second, const MatvecPart &third,
     unsigned long long row_bytes, int cols, const signed char *x_hi, const signed char *x_lo,
@@ -807,36 +830,48 @@ static __device__ __forceinline__ void mmt_row_pair(
     }
     WAIT_FOR_PREVIOUS_KERNEL();
     const unsigned sub = lane % 8;
-    // This lane's sub-block value in super-block blk of a row (0 where there is no row). The
-    // first turn's weights are not loaded before the wait, as mmt_row_ranges' are: held across
-    // it, they made this kernel spill at its 64 registers.
+    // The first turn's weights are not loaded before the wait, as mmt_row_ranges' are: held
+    // across it, they made this kernel spill at its 64 registers.
     const QuantizedRow x = {x_hi, x_lo, x_scales, x_sums};
-    for (int tok = 0; tok < tokens; tok++) {
-        const QuantizedRow x_row = activation_row(x, cols, tok);
-        const auto value_of = [&](const uint8_t *w_row, bool has, unsigned blk) {
-            return has ? sub_block_value<Format>(w_row, blk, sub, x_row) : 0.0f;
-        };
-        float acc_a = 0.0f;
-        for (unsigned base = 0; base < 4 * turns; base += 4) {
-            acc_a = __fadd_rn(acc_a,
-                              butterfly_sum<WARP_SIZE>(value_of(w_a, has_a, base + lane / 8)));
-        }
-        const bool of_b = lane >= WARP_SIZE / 2;
-        float halves = butterfly_sum<WARP_SIZE / 2>(value_of(
-            of_b ? w_b : w_a, of_b ? has_b : has_a, of_b ? lane / 8 - 2 : 4 * turns + lane / 8));
-        acc_a = __fadd_rn(acc_a, __fadd_rn(SHFL(halves, 0), 0.0f));
-        float first_half = SHFL(halves, WARP_SIZE / 2), acc_b = 0.0f;
-        for (unsigned j = 0; j < turns; j++) {
-            halves = butterfly_sum<WARP_SIZE / 2>(value_of(w_b, has_b, 4 * j + 2 + lane / 8));
-            acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, SHFL(halves, 0)));
-            first_half = SHFL(halves, WARP_SIZE / 2);
-        }
-        acc_b = __fadd_rn(acc_b, __fadd_rn(first_half, 0.0f));
-        if (lane == 0 && has_a) {
-            write_row_sum(part_a, row_a, tok, acc_a);
-        }
-        if (lane == 0 && has_b) {
-            write_row_sum(part_b, row_b, tok, acc_b);
+    // Super-block blk of a row (absent where there is no row) times each activation row.
+    const auto for_each_row_of = [&](const uint8_t *w_row, bool has, unsigned blk, auto add) {
+        for_each_row<ROWS>(RowSubBlock<Format>(w_row, blk, sub, has), sub, x, cols, tokens, add);
+    };
+    float acc_a[ROWS], acc_b[ROWS], first_half[ROWS];
+#pragma unroll
+    for (int tok = 0; tok < ROWS; tok++) {
+        acc_a[tok] = 0.0f;
+        acc_b[tok] = 0.0f;
+    }
+    for (unsigned base = 0; base < 4 * turns; base += 4) {
+        for_each_row_of(w_a, has_a, base + lane / 8, [&](int tok, float value) {
+            acc_a[tok] = __fadd_rn(acc_a[tok], butterfly_sum<WARP_SIZE>(value));
+        });
+    }
+    const bool of_b = lane >= WARP_SIZE / 2;
+    for_each_row_of(of_b ? w_b : w_a, of_b ? has_b : has_a,
+                    of_b ? lane / 8 - 2 : 4 * turns + lane / 8, [&](int tok, float value) {
+        const float halves = butterfly_sum<WARP_SIZE / 2>(value);
+        acc_a[tok] = __fadd_rn(acc_a[tok], __fadd_rn(SHFL(halves, 0), 0.0f));
+        first_half[tok] = SHFL(halves, WARP_SIZE / 2);
+    });
+    for (unsigned j = 0; j < turns; j++) {
+        for_each_row_of(w_b, has_b, 4 * j + 2 + lane / 8, [&](int tok, float value) {
+            const float halves = butterfly_sum<WARP_SIZE / 2>(value);
+            acc_b[tok] = __fadd_rn(acc_b[tok], __fadd_rn(first_half[tok], SHFL(halves, 0)));
+            first_half[tok] = SHFL(halves, WARP_SIZE / 2);
+        });
+    }
+#pragma unroll
+    for (int tok = 0; tok < ROWS; tok++) {
+        if (tok < tokens && lane == 0) {
+            if (has_a) {
+                write_row_sum(part_a, row_a, tok, acc_a[tok]);
+            }
+            if (has_b) {
+                const float last = __fadd_rn(first_half[tok], 0.0f);
+                write_row_sum(part_b, row_b, tok, __fadd_rn(acc_b[tok], last));
+            }
         }
     }
 }
@@ -974,7 +1009,12 @@ struct Q6KRow {
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                    \
         mmt_row_##name(MMT_PARAMS, int ksplit) {                                                   \
-        mmt_row<Row>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens, ksplit);    \
+        if (tokens == 1) {                                                                         \
+            mmt_row<Row, 1>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, 1, ksplit);  \
+        } else {                                                                                   \
+            mmt_row<Row, MMT_ROW_MAX_ROWS>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales,       \
+                                           x_sums, tokens, ksplit);                                \
+        }                                                                                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                         \
         mmt_ranges_##name(MMT_PARAMS, int ksplit) {                                                \
@@ -983,7 +1023,12 @@ struct Q6KRow {
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE, MMT_PAIR_BLOCKS)        \
         mmt_pair_##name(MMT_PARAMS) {                                                              \
-        mmt_row_pair<Row>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens);       \
+        if (tokens == 1) {                                                                         \
+            mmt_row_pair<Row, 1>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, 1);     \
+        } else {                                                                                   \
+            mmt_row_pair<Row, MMT_ROW_MAX_ROWS>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales,  \
+                                                x_sums, tokens);                                   \
+        }                                                                                          \
     }
 MMT_INSTANCES(q4_k, Q4KTile, Q4KRow)
 MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)

@@ -144,10 +144,12 @@ const MMT_SCRATCH_RANGES_PER_SM: usize = 2;
 /// Weight rows per block of the streamed matmul's one-row kernel when rows are not cut into
 /// ranges (`MMT_ROW_WARPS`), a warp each.
 const MMT_ROW_WARPS: usize = 4;
-/// Passes of up to this many activation rows take the streamed matmul's one-row kernel, once
-/// per row, rather than a tile on the tensor cores (the same bits). On the H200 with the 1.5B:
-/// 1 row 1.38x as fast (decode 700-725 against 521-531 tok/s), 2 rows 1.15x, 3 rows level, 4
-/// rows 0.87x.
+/// Passes of up to this many activation rows take the streamed matmul's one-row kernel rather
+/// than a tile on the tensor cores (the same bits); `MMT_ROW_MAX_ROWS` in kernels/cuda/mmt.cu,
+/// whose lanes decode a sub-block's weights once for all of a pass's rows. On the H200 with
+/// the 1.5B, each row then in turn: 1 row 1.38x as fast (decode 700-725 against 521-531
+/// tok/s), 2 rows 1.15x, 3 rows level, 4 rows 0.87x. With the weights shared, on an H100: 2
+/// rows 1.07x as fast again (README, "CUDA"), 3 and 4 rows 0.95x and 0.81x of the tiles.
 const MMT_ROW_MAX_ROWS: usize = 2;
 /// Threads per block of the f16 GEMM (`GEMM_THREADS`).
 const GEMM_THREADS: u32 = 8 * LANES;
@@ -995,7 +997,7 @@ impl<R: Runtime> GpuBackend<R> {
     /// One streamed matmul launch (kernels/cuda/mmt.cu) over `parts`, checked by the caller.
     /// On the tensor cores: a block per [`MMT_WEIGHT_ROWS`] weight rows of them all, range of
     /// super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`] activation rows. Up to
-    /// [`MMT_ROW_MAX_ROWS`] activation rows, through the one-row kernel, each in turn: a warp
+    /// [`MMT_ROW_MAX_ROWS`] activation rows, through the one-row kernel, all at once: a warp
     /// per range of a weight row, [`MMT_ROW_WARPS`] rows per block without ranges (two rows per
     /// warp where [`streamed_pairs`] says), a block per row with them (a warp per row, two
     /// ranges a turn, where [`streamed_short_ranges`] says).
