@@ -1,4 +1,4 @@
-// Q4_K and Q6_K matrices times the backend's two-part activations (q8.cuh) on the tensor cores,
+// Q4_K and Q6_K matrices times the backend's quantized activations (q8.cuh) on the tensor cores,
 // for passes of any number of activation rows: decode, verify steps, batches and prefill alike.
 // The host profile's `streamed_matmul` chooses it over the matvec and mmq.cu.
 //
@@ -143,10 +143,12 @@ static __device__ __forceinline__ void stage_q4_k_weights(uint8_t *stage, const 
     }
 }
 
-// Copies the activations of super-block blk for rows t0.. into a stage's tile: both parts,
-// and per group of 32 (d_hi, d_lo, sum of the first 16, sum of the second 16). Thread
-// 16 * tok + piece of the first MMT_TOKENS * 16 copies piece `piece` of both parts of row
-// tok and one of its scale and sum pairs.
+// Copies the activations of super-block blk for rows t0.. into a stage's tile: its PARTS parts
+// (q8.cuh: the high one alone where the activations were quantized in one), and per group of
+// 32 (d_hi, d_lo, sum of the first 16, sum of the second 16). Thread 16 * tok + piece of the
+// first MMT_TOKENS * 16 copies piece `piece` of the parts of row tok and one of its scale and
+// sum pairs.
+template <int PARTS>
 static __device__ __forceinline__ void stage_activations(uint8_t *stage, const signed char *x_hi,
                                                          const signed char *x_lo,
                                                          const float2 *x_scales,
@@ -159,7 +161,9 @@ static __device__ __forceinline__ void stage_activations(uint8_t *stage, const s
     const size_t at = (size_t)(t0 + tok) * cols + 256 * blk + 16 * piece;
     uint8_t *to = stage + tok * MMT_X_STRIDE + 16 * piece;
     copy16_async(to + MMT_X_HI, x_hi + at);
-    copy16_async(to + MMT_X_LO, x_lo + at);
+    if (PARTS == 2) {
+        copy16_async(to + MMT_X_LO, x_lo + at);
+    }
     const int g = piece / 2, sums = piece % 2;
     const size_t group = (size_t)(t0 + tok) * (cols / SPAN) + 8 * blk + g;
     copy8_async(stage + MMT_SCALES + tok * MMT_S_STRIDE + 16 * g + 8 * sums,
@@ -167,9 +171,11 @@ static __device__ __forceinline__ void stage_activations(uint8_t *stage, const s
 }
 
 // The integer products of sub-block `sub` of a staged super-block (pa, pb: this lane's bytes
-// of its chunk of nibbles in rows `group` and group + 8) with each part of activation row
-// `group`, in the mma's layout: ch, cl hold rows group and group + 8 times activation rows 2t
-// and 2t + 1.
+// of its chunk of nibbles in rows `group` and group + 8) with each of the PARTS parts of
+// activation row `group`, in the mma's layout: ch, cl hold rows group and group + 8 times
+// activation rows 2t and 2t + 1 (cl zeros with one part, as the products with a low part of
+// zeros would be).
+template <int PARTS>
 static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, uint2 pa,
                                                           uint2 pb, unsigned sub, int group,
                                                           int t, int ch[4], int cl[4]) {
@@ -178,16 +184,18 @@ static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, 
                       (int)((pa.y >> shift) & 0x0F0F0F0F), (int)((pb.y >> shift) & 0x0F0F0F0F)};
     const uint8_t *x = stage + MMT_Q4_K_TILE + MMT_X_HI + group * MMT_X_STRIDE + 32 * sub + 8 * t;
     const int2 xh = *(const int2 *)x;
-    const int2 xl = *(const int2 *)(x + MMT_X_LO - MMT_X_HI);
     mma_k32(ch, a, xh.x, xh.y);
-    mma_k32(cl, a, xl.x, xl.y);
+    if (PARTS == 2) {
+        const int2 xl = *(const int2 *)(x + MMT_X_LO - MMT_X_HI);
+        mma_k32(cl, a, xl.x, xl.y);
+    }
 }
 
 // The rows of this lane in a staged super-block, rows `group` and group + 8 of the warp's 16:
 // for each sub-block, `use(sub, ch, cl, sc_a, m_a, sc_b, m_b, d)` with its integer products
 // (sub_block_products), the two rows' 6-bit scales and minimums, and their (d, dmin, d, dmin),
 // which it also returns.
-template <typename Use>
+template <int PARTS = 2, typename Use>
 static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage, int warp,
                                                            int group, int t, Use use) {
     const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT_Q4_K_STRIDE;
@@ -204,8 +212,8 @@ static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage
 #pragma unroll
         for (unsigned high = 0; high < 2; high++) {
             const unsigned sub = 2 * chunk + high;
-            int ch[4], cl[4];
-            sub_block_products(stage, pa, pb, sub, group, t, ch, cl);
+            int ch[4], cl[4] = {0, 0, 0, 0};
+            sub_block_products<PARTS>(stage, pa, pb, sub, group, t, ch, cl);
             int sc_a, m_a, sc_b, m_b;
             scale_min_k4_words(qa, sub, &sc_a, &m_a);
             scale_min_k4_words(qb, sub, &sc_b, &m_b);
@@ -309,12 +317,13 @@ struct TurnSums {
 
 // A staged Q4_K super-block's values for this lane's four outputs (rows `group` and group + 8
 // of the warp's 16, times activation rows 2t and 2t + 1 of the tile).
+template <int PARTS>
 static __device__ __forceinline__ void q4_k_superblock(const uint8_t *stage, int warp,
                                                        int group, int t, float value[4]) {
     const uint8_t *tile = stage + MMT_Q4_K_TILE;
     const int got0 = 2 * t, got1 = got0 + 1;
     SubBlockTree tree;
-    for_each_sub_block(stage, warp, group, t,
+    for_each_sub_block<PARTS>(stage, warp, group, t,
                        [&](unsigned sub, const int ch[4], const int cl[4], int sc_a, int m_a,
                            int sc_b, int m_b, float4 d) {
         const float4 s0 = *(const float4 *)(tile + MMT_SCALES + got0 * MMT_S_STRIDE + 16 * sub);
@@ -359,6 +368,7 @@ static __device__ __forceinline__ unsigned staged_word(const uint8_t *row, unsig
 // A staged Q6_K super-block's values for this lane's four outputs, as q4_k_superblock's. Lane
 // (group, t) feeds columns 16h + 4t.. of each half h of a sub-block: the bytes at the same
 // places of its rows' low nibbles and high bit pairs, and of the activations.
+template <int PARTS>
 static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int warp,
                                                        int group, int t, float value[4]) {
     const uint8_t *tile = stage + MMT_Q6_K_TILE;
@@ -398,11 +408,13 @@ static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int
             int scaled_hi[4] = {0, 0, 0, 0}, scaled_lo[4] = {0, 0, 0, 0};
 #pragma unroll
             for (unsigned h = 0; h < 2; h++) {
-                int ch[4], cl[4];
+                int ch[4], cl[4] = {0, 0, 0, 0};
                 const int a = q6_k_quants(ql_a[quarter % 2][h], qh_a[h], quarter);
                 const int b = q6_k_quants(ql_b[quarter % 2][h], qh_b[h], quarter);
                 mma_k16(ch, a, b, *(const int *)(x + 16 * h));
-                mma_k16(cl, a, b, *(const int *)(x + MMT_X_LO - MMT_X_HI + 16 * h));
+                if (PARTS == 2) {
+                    mma_k16(cl, a, b, *(const int *)(x + MMT_X_LO - MMT_X_HI + 16 * h));
+                }
                 const unsigned scale = 8 * n + 2 * quarter + h;
                 const int sc_a = (signed char)(scales_a[scale / 4] >> (8 * (scale % 4)));
                 const int sc_b = (signed char)(scales_b[scale / 4] >> (8 * (scale % 4)));
@@ -431,7 +443,7 @@ static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int
 // the format's weight rows (`WEIGHT_BYTES`): how a stage holds both, how a staged super-block
 // is multiplied (`superblock`), and how a lane's super-block values are added. The block below
 // takes it or any other such policy (tests/cuda/mmt measures others).
-template <int WEIGHT_BYTES,
+template <int WEIGHT_BYTES, int PARTS,
           void (*stage_rows)(uint8_t *, const uint8_t *, int, int, unsigned long long, unsigned),
           void (*superblock)(const uint8_t *, int, int, int, float[4])>
 struct Tile32 {
@@ -445,7 +457,8 @@ struct Tile32 {
         stage_rows(to, w, row0, rows, row_bytes, blk);
     }
     __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
-        stage_activations(to + WEIGHT_BYTES, hi, lo, scales, sums, cols, t0, tokens, blk);
+        stage_activations<PARTS>(to + WEIGHT_BYTES, hi, lo, scales, sums, cols, t0, tokens,
+                                 blk);
     }
     __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
                              Sums &into) const {
@@ -455,8 +468,11 @@ struct Tile32 {
     }
 };
 
-using Q4KTile = Tile32<MMT_Q4_K_TILE, stage_q4_k_weights, q4_k_superblock>;
-using Q6KTile = Tile32<MMT_Q6_K_TILE, stage_q6_k_weights, q6_k_superblock>;
+// A format's tile on activations quantized in PARTS parts.
+template <int PARTS>
+using Q4KTile = Tile32<MMT_Q4_K_TILE, PARTS, stage_q4_k_weights, q4_k_superblock<PARTS>>;
+template <int PARTS>
+using Q6KTile = Tile32<MMT_Q6_K_TILE, PARTS, stage_q6_k_weights, q6_k_superblock<PARTS>>;
 
 // The row blocks of a part of `rows` rows.
 static __device__ __forceinline__ int row_blocks_of(int rows) {
@@ -885,11 +901,12 @@ static __device__ __forceinline__ int dp4a_unsigned_signed(unsigned a, int b, in
 
 // Sub-block `sub` of the Q4_K block at b: its 32 quants (the low or high nibbles of its
 // chunk's 32 bytes, eight words), 6-bit scale and minimum, and the block's d and dmin; times 32
-// activations of each part (hi, lo: 16-byte aligned), their (d_hi, d_lo) and their sums of 16,
-// eight DP4A per part. The nibbles are masked where they lie, not shifted down: a high
+// activations of each of PARTS parts (hi, lo: 16-byte aligned), their (d_hi, d_lo) and their
+// sums of 16, eight DP4A per part. With one part (q8.cuh), lo is zeros, and its products are
+// taken as the zeros they are. The nibbles are masked where they lie, not shifted down: a high
 // nibble's products come out 16 times their value, a multiple of 16 that one exact shift of
 // each dot product divides back, two shifts where eight were.
-struct Q4KRow {
+template <int PARTS> struct Q4KRow {
     static constexpr int BYTES = BlockQ4_K::BYTES;
     struct Weights {
         unsigned quants[8];
@@ -921,15 +938,19 @@ struct Q4KRow {
         int h[8], l[8];
         load16(hi, h);
         load16(hi + 16, h + 4);
-        load16(lo, l);
-        load16(lo + 16, l + 4);
+        if (PARTS == 2) {
+            load16(lo, l);
+            load16(lo + 16, l + 4);
+        }
         // From 0, not BIASED_ZERO: ptxas folds the bias in either way, and starting there
         // made mmt_pair_q4_k spill at its 64 registers.
         int dot_hi = 0, dot_lo = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             dot_hi = dp4a_unsigned_signed(w.quants[i], h[i], dot_hi);
-            dot_lo = dp4a_unsigned_signed(w.quants[i], l[i], dot_lo);
+            if (PARTS == 2) {
+                dot_lo = dp4a_unsigned_signed(w.quants[i], l[i], dot_lo);
+            }
         }
         const unsigned shift = 4 * (sub % 2);
         return q4_k_sub_block_value(half_of(w.d_dmin, false), half_of(w.d_dmin, true), w.sc,
@@ -944,7 +965,7 @@ struct Q4KRow {
 // scales of its halves and the block's d; four DP4A per half and part. Each run of 32 bytes
 // comes as the nine aligned words that cover it (the ninth inside the block: the runs end 18
 // bytes or more before it), a word put back together from two by one byte permute.
-struct Q6KRow {
+template <int PARTS> struct Q6KRow {
     static constexpr int BYTES = BlockQ6_K::BYTES;
     struct Weights {
         int quants[8];
@@ -974,13 +995,17 @@ struct Q6KRow {
         int h[8], l[8];
         load16(hi, h);
         load16(hi + 16, h + 4);
-        load16(lo, l);
-        load16(lo + 16, l + 4);
+        if (PARTS == 2) {
+            load16(lo, l);
+            load16(lo + 16, l + 4);
+        }
         int dot_hi[2] = {0, 0}, dot_lo[2] = {0, 0};
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             dot_hi[i / 4] = DP4A(w.quants[i], h[i], dot_hi[i / 4]);
-            dot_lo[i / 4] = DP4A(w.quants[i], l[i], dot_lo[i / 4]);
+            if (PARTS == 2) {
+                dot_lo[i / 4] = DP4A(w.quants[i], l[i], dot_lo[i / 4]);
+            }
         }
         return q6_k_sub_block_value(w.d, x, w.sc_a * dot_hi[0] + w.sc_b * dot_hi[1],
                                     w.sc_a * dot_lo[0] + w.sc_b * dot_lo[1]);
@@ -999,7 +1024,8 @@ struct Q6KRow {
 
 // The streamed matmul of a format (its tiles, as mmt_<name>, its one-row kernel, as
 // mmt_row_<name>, that kernel with rows two per warp, as mmt_pair_<name>, and with a warp per
-// row cut into short ranges, as mmt_ranges_<name>) over up to three matrices.
+// row cut into short ranges, as mmt_ranges_<name>) over up to three matrices. Each format has
+// instances for activations in two parts and in one (<name> ending in _single).
 #define MMT_INSTANCES(name, Tile, Row)                                                             \
     extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
         mmt_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {                  \
@@ -1030,8 +1056,10 @@ struct Q6KRow {
                                                 x_sums, tokens);                                   \
         }                                                                                          \
     }
-MMT_INSTANCES(q4_k, Q4KTile, Q4KRow)
-MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)
+MMT_INSTANCES(q4_k, Q4KTile<2>, Q4KRow<2>)
+MMT_INSTANCES(q6_k, Q6KTile<2>, Q6KRow<2>)
+MMT_INSTANCES(q4_k_single, Q4KTile<1>, Q4KRow<1>)
+MMT_INSTANCES(q6_k_single, Q6KTile<1>, Q6KRow<1>)
 
 // The streamed matmul over three matrices of which the third is in another format (a Q4_K_M
 // file's q and k in Q4_K, and in half its layers v in Q6_K), so that they take one launch, as
@@ -1082,6 +1110,7 @@ MMT_INSTANCES(q6_k, Q6KTile, Q6KRow)
                                         cols, x_hi, x_lo, x_scales, x_sums, tokens, ksplit);       \
         }                                                                                          \
     }
-MMT_MIXED_INSTANCES(q4_k_q6_k, Q4KTile, Q4KRow, Q6KTile, Q6KRow)
+MMT_MIXED_INSTANCES(q4_k_q6_k, Q4KTile<2>, Q4KRow<2>, Q6KTile<2>, Q6KRow<2>)
+MMT_MIXED_INSTANCES(q4_k_q6_k_single, Q4KTile<1>, Q4KRow<1>, Q6KTile<1>, Q6KRow<1>)
 
 #endif

@@ -7,13 +7,18 @@
 // also get d_hi * sum(hi) + d_lo * sum(lo), for the weight formats with an offset. Parts,
 // scales and sums live in separate arrays, so that a span's 16 bytes load aligned.
 //
+// A model may quantize in the high part alone (ActivationPrecision::Single, llama.cpp's 8-bit
+// activations): lo stays the zeros it was allocated as, d_lo is 0, and the kernels that know it
+// skip the low part's products (mmt.cu's _single instances), which being zeros add nothing.
+//
 // The kernels whose output feeds a matvec (rms_norm, silu_mul) quantize it as they write it;
 // quantize_q8 (quantize.cu) does it for any other matvec input.
 #pragma once
 
 #include "common.cuh"
 
-// Where a quantized copy goes: hi and lo per value, (d_hi, d_lo) per 32 and one sum per 16.
+// Where a quantized copy goes: hi and lo per value, (d_hi, d_lo) per 32 and one sum per 16;
+// lo null for the high part alone.
 struct QuantizedOut {
     signed char *hi, *lo;
     float2 *scales;
@@ -79,11 +84,15 @@ static __device__ __forceinline__ void quantize_group(float v, long long group,
     const long long i = group * WARP_SIZE + lane;
     float d_hi, d_lo;
     const int q_hi = quantize_part(v, &d_hi);
-    // Multiply then subtract, unfused, as the CPU's quantizers do.
-    const float residual = __fsub_rn(v, __fmul_rn(d_hi, (float)q_hi));
-    const int q_lo = quantize_part(residual, &d_lo);
+    int q_lo = 0;
+    d_lo = 0.0f;
+    if (out.lo != nullptr) {
+        // Multiply then subtract, unfused, as the CPU's quantizers do.
+        const float residual = __fsub_rn(v, __fmul_rn(d_hi, (float)q_hi));
+        q_lo = quantize_part(residual, &d_lo);
+        out.lo[i] = (signed char)q_lo;
+    }
     out.hi[i] = (signed char)q_hi;
-    out.lo[i] = (signed char)q_lo;
     const int sum_hi = half_warp_sum(q_hi), sum_lo = half_warp_sum(q_lo);
     if (lane == 0) {
         out.scales[group] = make_float2(d_hi, d_lo);

@@ -200,6 +200,9 @@ pub enum ActivationUse {
         /// Whether any of their rows are prompt tokens' ([`Rows::prompt`]), as a layer's
         /// projections' are and the output head's are not.
         prompt_rows: bool,
+        /// The precision their matrices were loaded at, which a device backend quantizes the
+        /// activations at as it writes them.
+        precision: ActivationPrecision,
     },
 }
 

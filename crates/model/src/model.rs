@@ -254,8 +254,11 @@ impl<B: Backend> Model<B> {
     /// projections take prompt rows, the output head's input none (`enqueue`).
     pub fn workspace(&self, capacity: BatchCapacity) -> Result<Workspace<B>, Error> {
         const PLAIN: ActivationUse = ActivationUse::Plain;
-        const LAYER_INPUT: ActivationUse = ActivationUse::MatmulInput { prompt_rows: true };
-        const HEAD_INPUT: ActivationUse = ActivationUse::MatmulInput { prompt_rows: false };
+        let matmul_input = |prompt_rows| ActivationUse::MatmulInput {
+            prompt_rows,
+            precision: self.activation_precision,
+        };
+        let (layer_input, head_input) = (matmul_input(true), matmul_input(false));
         let b = &*self.backend;
         let c = &self.config;
         let t = capacity.tokens;
@@ -264,15 +267,15 @@ impl<B: Backend> Model<B> {
             buffers: Buffers {
                 batch: b.batch(capacity, c.rope, c.attention_shape())?,
                 x: b.activations(t, c.embedding, PLAIN)?,
-                normed: b.activations(t, c.embedding, LAYER_INPUT)?,
+                normed: b.activations(t, c.embedding, layer_input)?,
                 sublayer: b.activations(t, c.embedding, PLAIN)?,
                 q: b.activations(t, c.heads * c.head_dim, PLAIN)?,
                 k: b.activations(t, c.kv_heads * c.head_dim, PLAIN)?,
                 v: b.activations(t, c.kv_heads * c.head_dim, PLAIN)?,
-                attn: b.activations(t, c.heads * c.head_dim, LAYER_INPUT)?,
-                gate: b.activations(t, c.feed_forward, LAYER_INPUT)?,
+                attn: b.activations(t, c.heads * c.head_dim, layer_input)?,
+                gate: b.activations(t, c.feed_forward, layer_input)?,
                 up: b.activations(t, c.feed_forward, PLAIN)?,
-                selected: b.activations(logits_rows, c.embedding, HEAD_INPUT)?,
+                selected: b.activations(logits_rows, c.embedding, head_input)?,
                 logits: b.activations(logits_rows, c.vocab, PLAIN)?,
             },
             recordings: b.recordings(),

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use lucebox_gguf::GgmlType;
+use lucebox_quant::ActivationPrecision;
 
 use super::{HEAD_DIMS, PROMPT_ATTENTION_HEAD_DIMS};
 use crate::checks::HeadDims;
@@ -112,10 +113,26 @@ pub(crate) struct FormatKernels<F> {
     /// The streamed tensor-core matmul (`mmt.cu`), with its own order of additions; present for
     /// Q4_K and Q6_K where the images have it (not HIP).
     pub(crate) mmt: Option<Streamed<F>>,
+    /// `mmt` for activations quantized in one part (`mmt_..._single`), which skips the low
+    /// part's products.
+    pub(crate) mmt_single: Option<Streamed<F>>,
     pub(crate) get_rows: F,
     /// The matrix to f16, eight elements a thread (`dequantize_f16_<format>` of `gemm.cu`),
     /// before each GEMM of prompt rows; absent where the images have none (HIP).
     pub(crate) dequantize_f16: Option<F>,
+}
+
+/// How the names of the kernels for activations in one part end (`mmt_row_q4_k_single`).
+const SINGLE_SUFFIX: &str = "_single";
+
+impl<F> FormatKernels<F> {
+    /// The streamed matmul for activations quantized at `precision`, where the images have it.
+    pub(crate) fn streamed(&self, precision: ActivationPrecision) -> Option<&Streamed<F>> {
+        match precision {
+            ActivationPrecision::Split => self.mmt.as_ref(),
+            ActivationPrecision::Single => self.mmt_single.as_ref(),
+        }
+    }
 }
 
 /// The two kernels of the streamed matmul, which give a row the same bits.
@@ -183,27 +200,32 @@ impl<F> Kernels<F> {
                 let mmq = every(
                     MMQ_TILE_ROWS.map(|rows| function("mmq", &format!("mmq{rows}_{suffix}")).ok()),
                 );
-                let mmt = every(
-                    ["mmt", "mmt_row", "mmt_pair", "mmt_ranges"]
-                        .map(|instance| function("mmt", &format!("{instance}_{suffix}")).ok()),
-                )
-                .map(|[tiles, row, pair, ranges]| Streamed {
-                    tiles,
-                    row,
-                    pair,
-                    ranges,
-                    mixed: GgmlType::ALL
-                        .iter()
-                        .filter_map(|&third| {
-                            let pair = format!("{suffix}_{}", third.name().to_lowercase());
-                            let [tiles, ranges] =
-                                every(["mmt_mixed", "mmt_ranges_mixed"].map(|instance| {
-                                    function("mmt", &format!("{instance}_{pair}")).ok()
-                                }))?;
-                            Some((third, StreamedMixed { tiles, ranges }))
-                        })
-                        .collect(),
-                });
+                // The instances for one precision, whose names end in `precision`.
+                let streamed = |precision: &str| {
+                    let mmt = |name: String| function("mmt", &format!("{name}{precision}")).ok();
+                    every(
+                        ["mmt", "mmt_row", "mmt_pair", "mmt_ranges"]
+                            .map(|instance| mmt(format!("{instance}_{suffix}"))),
+                    )
+                    .map(|[tiles, row, pair, ranges]| Streamed {
+                        tiles,
+                        row,
+                        pair,
+                        ranges,
+                        mixed: GgmlType::ALL
+                            .iter()
+                            .filter_map(|&third| {
+                                let pair = format!("{suffix}_{}", third.name().to_lowercase());
+                                let [tiles, ranges] = every(
+                                    ["mmt_mixed", "mmt_ranges_mixed"]
+                                        .map(|instance| mmt(format!("{instance}_{pair}"))),
+                                )?;
+                                Some((third, StreamedMixed { tiles, ranges }))
+                            })
+                            .collect(),
+                    })
+                };
+                let (mmt, mmt_single) = (streamed(""), streamed(SINGLE_SUFFIX));
                 Some((
                     ty,
                     Arc::new(FormatKernels {
@@ -216,6 +238,7 @@ impl<F> Kernels<F> {
                         split,
                         mmq,
                         mmt,
+                        mmt_single,
                         get_rows,
                         dequantize_f16,
                     }),
@@ -265,12 +288,20 @@ impl<F> Kernels<F> {
         })
     }
 
-    /// Every format's streamed matmul kernels, with the format's name.
+    /// Every format's streamed matmul kernels, with the format's name (and the precision's
+    /// suffix, as the kernels' names have it).
     pub(crate) fn mmts(&self) -> impl Iterator<Item = (String, &Streamed<F>)> {
         self.formats.values().flat_map(|f| {
+            let name = f.ty.name().to_lowercase();
+            let single = format!("{name}{SINGLE_SUFFIX}");
             f.mmt
                 .iter()
-                .map(move |kernels| (f.ty.name().to_lowercase(), kernels))
+                .map(move |kernels| (name.clone(), kernels))
+                .chain(
+                    f.mmt_single
+                        .iter()
+                        .map(move |kernels| (single.clone(), kernels)),
+                )
         })
     }
 

@@ -855,6 +855,15 @@ impl<R: Runtime> GpuBackend<R> {
             );
         }
         let q = self.quantize(x, first + rows)?;
+        if let Some(p) = parts.iter().find(|p| p.matrix.precision != q.precision) {
+            return Err(Error::Shape {
+                op: "matmul",
+                detail: format!(
+                    "{}, loaded for {} activations, given activations quantized at {}",
+                    p.matrix.tensor, p.matrix.precision, q.precision
+                ),
+            });
+        }
         let (row_bytes, cols) = (parts[0].matrix.row_bytes, parts[0].matrix.cols);
         let [hi, lo, scales, sums] = q.args_from(first * x.cols);
         let activations = [hi, lo, scales, sums, int(rows)];
@@ -933,11 +942,10 @@ impl<R: Runtime> GpuBackend<R> {
         if let Some(mixed) = self.streamed_mixed(parts) {
             return Some(StreamedKernels::Mixed(mixed));
         }
-        parts[0]
-            .matrix
+        let matrix = &parts[0].matrix;
+        matrix
             .format
-            .mmt
-            .as_ref()
+            .streamed(matrix.precision)
             .map(StreamedKernels::Format)
     }
 
@@ -953,7 +961,8 @@ impl<R: Runtime> GpuBackend<R> {
     ) -> Option<&'f StreamedMixed<R::Function>> {
         let [first, _, third] = mixed_formats(parts)?;
         let (format, third_format) = (&first.matrix.format, &third.matrix.format);
-        if !self.tuning.streamed_matmul || third_format.mmt.is_none() {
+        let precision = first.matrix.precision;
+        if !self.tuning.streamed_matmul || third_format.streamed(precision).is_none() {
             return None;
         }
         let row_blocks: usize = parts
@@ -965,7 +974,7 @@ impl<R: Runtime> GpuBackend<R> {
         if !streamed_short_ranges(superblocks, ksplit) {
             return None;
         }
-        paired(&format.mmt.as_ref()?.mixed, third_format.ty)
+        paired(&format.streamed(precision)?.mixed, third_format.ty)
     }
 
     /// The one-row matvec over `parts` whose third matrix is in another format than the first
@@ -1251,6 +1260,8 @@ pub struct GpuMatrix<R: Runtime> {
     data: Buffer<R, u8>,
     /// Its tensor's name in the file.
     tensor: String,
+    /// The precision its activations are quantized at.
+    precision: ActivationPrecision,
     /// Whether the matrix's prompt rows go through the f16 GEMM: where the host profile asks
     /// for it (`prompt_gemm`), the model gives the matrix prompt rows, the images have the
     /// GEMM and the width is a multiple of its K step.
@@ -1312,6 +1323,9 @@ struct StreamedScratch<R: Runtime> {
 /// Activations quantized in groups of 32, in two 8-bit parts (kernels/cuda/q8.cuh).
 #[derive(Debug)]
 struct Quantized<R: Runtime> {
+    /// The precision the copy is made at: at [`ActivationPrecision::Single`] `lo` stays the
+    /// zeros it was allocated as.
+    precision: ActivationPrecision,
     hi: Buffer<R, i8>,
     lo: Buffer<R, i8>,
     /// `(d_hi, d_lo)` per group.
@@ -1332,11 +1346,15 @@ impl<R: Runtime> Quantized<R> {
         ]
     }
 
-    /// The copy's addresses, for a kernel that reads or writes it.
+    /// The copy's addresses, for a kernel that writes it (no low part at
+    /// [`ActivationPrecision::Single`]: the kernels then write the high part alone).
     fn out(&self) -> QuantizedOut {
         QuantizedOut {
             hi: self.hi.address,
-            lo: self.lo.address,
+            lo: match self.precision {
+                ActivationPrecision::Split => self.lo.address,
+                ActivationPrecision::Single => 0,
+            },
             scales: self.scales.address,
             sums: self.sums.address,
         }
@@ -1574,8 +1592,10 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         self.peak_bandwidth
     }
 
-    // The kernels quantize activations in two parts as they write them (`q8.cuh`).
-    const ACTIVATION_PRECISIONS: &'static [ActivationPrecision] = &[ActivationPrecision::Split];
+    // The kernels quantize activations as they write them, in two parts or the high one alone
+    // (`q8.cuh`).
+    const ACTIVATION_PRECISIONS: &'static [ActivationPrecision] =
+        &[ActivationPrecision::Split, ActivationPrecision::Single];
 
     fn load_matrix(
         &self,
@@ -1614,6 +1634,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
         Ok(GpuMatrix {
             data,
             tensor: name.to_owned(),
+            precision,
             prompt_gemm,
             format,
             rows,
@@ -1657,19 +1678,22 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             what: "activations",
             bytes: u64::MAX,
         })?;
-        let (matmul_input, prompt_rows) = match usage {
-            ActivationUse::Plain => (false, false),
-            ActivationUse::MatmulInput { prompt_rows } => (true, prompt_rows),
+        let (precision, prompt_rows) = match usage {
+            ActivationUse::Plain => (None, false),
+            ActivationUse::MatmulInput {
+                prompt_rows,
+                precision,
+            } => (Some(precision), prompt_rows),
         };
-        let quantized = if matmul_input && cols.is_multiple_of(QUANT_GROUP) {
-            Some(Quantized {
+        let quantized = match precision {
+            Some(precision) if cols.is_multiple_of(QUANT_GROUP) => Some(Quantized {
+                precision,
                 hi: self.zeros(len, "activations")?,
                 lo: self.zeros(len, "activations")?,
                 scales: self.zeros(2 * (len / QUANT_GROUP), "activations")?,
                 sums: self.zeros(len / 16, "activations")?,
-            })
-        } else {
-            None
+            }),
+            _ => None,
         };
         let streamed = if quantized.is_some()
             && cols.is_multiple_of(MMT_SUPERBLOCK)
