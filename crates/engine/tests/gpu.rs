@@ -329,43 +329,54 @@ fn speculative_greedy_equals_plain_greedy_on_the_device() {
     }
 }
 
+/// How much further than the CPU's own the GPU's logits at one 8-bit part may be from the
+/// two-part ones: both quantize the same values in the same groups, but a value that lands
+/// near a rounding boundary may round either way after the backends' different orders of
+/// additions, and one part carries such a step whole.
+const SINGLE_PART_MARGIN: f64 = 1.5;
+
 #[test]
 #[ignore = "needs a GPU and fetched models"]
-fn single_part_activations_agree_with_the_cpu_s_and_keep_speculation_lossless() {
+fn single_part_activations_are_as_close_as_the_cpu_s_and_keep_speculation_lossless() {
     let cpu = Arc::new(CpuBackend::new(None).unwrap());
     let (target_file, drafter_file) = (open(TARGET), open(DRAFTER));
-    let on_cpu = single_part(&cpu, &target_file);
-    let vocab = on_cpu.config().vocab;
+    let (reference, on_cpu) = (on(&cpu, &target_file), single_part(&cpu, &target_file));
+    let prompts: Vec<Vec<u32>> = PROMPTS
+        .iter()
+        .map(|prompt| common::tokenize(&target_file, prompt))
+        .collect();
+    // Each prompt's worst row from the two-part logits of the CPU, which are within 1.2e-3 of
+    // a float64 reference: one 8-bit part loses more than that on its own, most on a prompt's
+    // first position, where the 1.5B's activations are largest (0.35 on the CPU).
+    let exact: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|tokens| common::prefill_logits(&reference, tokens))
+        .collect();
+    // Each prompt's worst row of `model`'s logits from `exact`'s.
+    fn error<B: Backend>(model: &Model<B>, prompts: &[Vec<u32>], exact: &[Vec<f32>]) -> Vec<f64> {
+        let vocab = model.config().vocab;
+        prompts
+            .iter()
+            .zip(exact)
+            .map(|(tokens, exact)| worst_row(&common::prefill_logits(model, tokens), exact, vocab))
+            .collect()
+    }
+    let on_the_cpu = error(&on_cpu, &prompts, &exact);
     for tuning in [GpuTuning::DEFAULT, STREAMED] {
         let gpu = tuned(tuning);
         let target = single_part(&gpu, &target_file);
-        let split = on(&gpu, &target_file);
-        let (mut worst, mut from_split) = (0.0f64, 0.0f64);
-        for prompt in PROMPTS {
-            let tokens = common::tokenize(&target_file, prompt);
-            let logits = common::prefill_logits(&target, &tokens);
-            worst = worst.max(worst_row(
-                &logits,
-                &common::prefill_logits(&on_cpu, &tokens),
-                vocab,
-            ));
-            from_split = from_split.max(worst_row(
-                &logits,
-                &common::prefill_logits(&split, &tokens),
-                vocab,
-            ));
+        let on_the_gpu = error(&target, &prompts, &exact);
+        for (prompt, (gpu_error, cpu_error)) in
+            PROMPTS.iter().zip(on_the_gpu.iter().zip(&on_the_cpu))
+        {
+            println!(
+                "{tuning:?}: {prompt:?}: one 8-bit part {gpu_error:.2e} from two on the CPU, the CPU's own {cpu_error:.2e}"
+            );
+            assert!(
+                *gpu_error > 0.0 && *gpu_error <= SINGLE_PART_MARGIN * cpu_error + LOGITS_BOUND,
+                "{tuning:?}: {prompt:?}: one part {gpu_error:.2e} from two, the CPU's {cpu_error:.2e}"
+            );
         }
-        println!(
-            "{tuning:?}: single 8-bit activations {worst:.2e} from the CPU's, {from_split:.2e} from two parts"
-        );
-        assert!(
-            worst <= LOGITS_BOUND,
-            "{tuning:?}: {worst:.2e} from the CPU"
-        );
-        assert!(
-            from_split > 0.0,
-            "{tuning:?}: one part gave two parts' bits"
-        );
         let drafter = single_part(&gpu, &drafter_file);
         let mut plain = Session::new(Arc::clone(&target), config()).unwrap();
         for prompt in PROMPTS {
