@@ -135,7 +135,7 @@ impl<F> FormatKernels<F> {
     }
 }
 
-/// The two kernels of the streamed matmul, which give a row the same bits.
+/// The kernels of the streamed matmul for one precision, which give a row the same bits.
 pub(crate) struct Streamed<F> {
     /// Tiles of activation rows on the tensor cores (`mmt_<format>`), for any number of rows.
     pub(crate) tiles: F,

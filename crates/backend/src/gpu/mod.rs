@@ -1320,7 +1320,8 @@ struct StreamedScratch<R: Runtime> {
     counters: Buffer<R, u32>,
 }
 
-/// Activations quantized in groups of 32, in two 8-bit parts (kernels/cuda/q8.cuh).
+/// Activations quantized in groups of 32, in two 8-bit parts or the high one alone
+/// (kernels/cuda/q8.cuh).
 #[derive(Debug)]
 struct Quantized<R: Runtime> {
     /// The precision the copy is made at: at [`ActivationPrecision::Single`] `lo` stays the
