@@ -188,6 +188,11 @@ static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, 
     if (PARTS == 2) {
         const int2 xl = *(const int2 *)(x + MMT_X_LO - MMT_X_HI);
         mma_k32(cl, a, xl.x, xl.y);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            cl[k] = 0;
+        }
     }
 }
 
@@ -212,7 +217,7 @@ static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage
 #pragma unroll
         for (unsigned high = 0; high < 2; high++) {
             const unsigned sub = 2 * chunk + high;
-            int ch[4], cl[4] = {0, 0, 0, 0};
+            int ch[4], cl[4];
             sub_block_products<PARTS>(stage, pa, pb, sub, group, t, ch, cl);
             int sc_a, m_a, sc_b, m_b;
             scale_min_k4_words(qa, sub, &sc_a, &m_a);
