@@ -91,7 +91,7 @@ pub(crate) enum Activations {
     #[default]
     Split,
     /// One 8-bit part, as llama.cpp: half the integer work of a batch, prefill or verify step,
-    /// at 8-bit accuracy (CPU only).
+    /// at 8-bit accuracy.
     Single,
 }
 
