@@ -19,6 +19,8 @@
 // The sum of the four signed byte products of a and b, plus c (RDNA3 and RDNA4 have it as
 // v_dot4_i32_iu8).
 #define DP4A(a, b, c) __builtin_amdgcn_sudot4(true, (a), true, (b), (c), false)
+// Ends the kernel with an error its launch reports.
+#define TRAP() __builtin_trap()
 #else
 #include <cuda_fp16.h>
 #define SHFL_XOR(v, offset) __shfl_xor_sync(0xffffffffu, (v), (offset))
@@ -26,6 +28,7 @@
 #define SHFL_UP(v, delta) __shfl_up_sync(0xffffffffu, (v), (delta))
 #define BALLOT(predicate) __ballot_sync(0xffffffffu, (predicate))
 #define DP4A(a, b, c) __dp4a((a), (b), (c))
+#define TRAP() __trap()
 #endif
 
 // Programmatic dependent launch (CUDA, sm_90 and later; crates/backend/src/cuda.rs): a kernel

@@ -128,6 +128,10 @@ pub struct KernelTuning {
     pub attention_warps: u32,
     /// Up to this many activation rows, a matvec runs its one-row kernel once per row.
     pub matvec_loop_rows: u32,
+    /// The most query heads of one KV head that a block of a batch's attention takes together;
+    /// absent where the backend's default serves.
+    #[serde(default)]
+    pub attention_group: Option<u32>,
     /// From this many activation rows, a quantized matmul runs on the tensor cores; absent on
     /// chips without a tensor-core kernel (HIP), where the backend's default goes unused.
     #[serde(default)]
@@ -602,7 +606,8 @@ mod tests {
         runtime = \"cuda\"\nruntime_version = \"12\"\nkernel_target = \"sm_86\"\nmemory_gib = 24\n";
     const ENGINE: &str = "[engine]\nbackend = \"cpu\"\ncontext = 4096\nmax_sequences = 16\n\
         step_tokens = 256\nkv_cache_mib = 1024\ndraft_tokens = 8\n";
-    const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\nmmq_rows = 3\n\
+    const KERNELS: &str = "[kernels]\nmatvec_warps = 2\nattention_warps = 8\nmatvec_loop_rows = 4\n\
+         attention_group = 2\nmmq_rows = 3\n\
          streamed_matmul = true\nprompt_gemm = true\nprompt_attention = false\n\
          prompt_rows_from = 64\n";
     const PAIR: &str = "[[pairs]]\nname = \"p\"\ntarget = \"qwen2.5-coder-1.5b-instruct-q4_k_m\"\n\
@@ -671,6 +676,7 @@ mod tests {
                 matvec_warps: 2,
                 attention_warps: 8,
                 matvec_loop_rows: 4,
+                attention_group: Some(2),
                 mmq_rows: Some(3),
                 streamed_matmul: Some(true),
                 prompt_gemm: Some(true),

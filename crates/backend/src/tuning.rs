@@ -15,6 +15,13 @@ pub struct GpuTuning {
     /// all shorter than this many tiles of 32 positions runs fewer warps per block, each taking
     /// parts in turn, with the same arithmetic.
     pub attention_warps: u32,
+    /// The most query heads of one KV head that a block of attention takes together, where a
+    /// launch of one block per head would outnumber the SMs (batches): each K and V row is
+    /// then read once for them all instead of once per head. The backend takes the largest
+    /// group, up to this, that divides the model's query heads per KV head and has a kernel
+    /// (2, 3 or 4 heads of 64 or 128 dimensions); 1 never groups. Every group gives a head
+    /// the same bits.
+    pub attention_group: u32,
     /// Up to this many activation rows, a quantized matvec runs its one-row instance once per
     /// row, reading the weights from memory once and then from cache, instead of the
     /// instances that hold several rows' sums in registers. Every instance sums a row in the
@@ -76,12 +83,14 @@ impl GpuTuning {
     /// stream decodes 6% faster without it; the CUDA host profiles turn it on. Prompt rows'
     /// kernels stay off here too, as the GPU tests' reference, whose logits are nearest the
     /// CPU's, and take every prompt when turned on, as the tests that compare them want; the
-    /// CUDA profiles turn on their attention kernel from 192 tokens. The GEMM stays off there:
+    /// CUDA profiles turn on their attention kernel from 192 tokens. Attention takes one head
+    /// a block until its grouped kernels have been measured on a GPU. The GEMM stays off there:
     /// it ran on an H100 alone, whose f16 tensor cores run at half its int8 rate, where a
     /// GeForce card's f16 products with f32 sums run at a quarter.
     pub const DEFAULT: GpuTuning = GpuTuning {
         matvec_warps: 4,
         attention_warps: 16,
+        attention_group: 1,
         matvec_loop_rows: 16,
         mmq_rows: 6,
         streamed_matmul: false,
@@ -113,6 +122,11 @@ impl GpuTuning {
                 "a decode step has one row",
             ),
             ("mmq_rows", self.mmq_rows, "a decode step has one row"),
+            (
+                "attention_group",
+                self.attention_group,
+                "a block takes one head",
+            ),
             (
                 "prompt_rows_from",
                 self.prompt_rows_from,

@@ -1,7 +1,8 @@
 //! The GPU backend against the CPU backend on the real models: logits within a stated bound,
 //! greedy continuations identical, speculative greedy output equal to plain greedy output on
 //! the device (alone, and with n-gram drafts verified for a batch at once), each sequence of a
-//! ragged batch getting exactly its own logits (long ones, whose attention splits, too), the
+//! ragged batch getting exactly its own logits (long ones, whose attention splits, too),
+//! attention taking several query heads a block giving the bits of one head a block, the
 //! tensor-core matmuls giving a row the same bits in every pass (`mmq` the matvec's, the
 //! streamed matmul its own), prompt rows' kernels giving a row the same bits however its prompt
 //! is cut and taking only prompts of `prompt_rows_from` tokens, and sampling and its
@@ -1046,6 +1047,60 @@ fn decode_passes_of_several_sequences_give_each_the_bits_of_its_prefill() {
              give the bits of one pass"
         );
     }
+}
+
+#[test]
+#[ignore = "needs a GPU and fetched models"]
+fn attention_taking_three_heads_a_block_gives_the_bits_of_one_head_a_block() {
+    // Where one block per head would outnumber the SMs, a block takes three of the 1.5B's six
+    // query heads per KV head (`attention_group`) and reads each K and V row once for them. In
+    // a ragged prefill of twenty sequences, a decode step of all twenty (whose attention
+    // rotates and stores K and V), one of eight (whose heads' three ranges at 1,100 positions
+    // have blocks of their own) and one of the other twelve, every logit equals that of one
+    // head a block.
+    const DECODED: usize = 2;
+    let file = open(TARGET);
+    let mut rng = Rng::seeded(17);
+    let vocab = ModelConfig::from_gguf(&file).unwrap().vocab;
+    let sequences: Vec<Vec<u32>> = [1_100, 300, 40, 4]
+        .into_iter()
+        .chain((0..16).map(|i| 20 + 13 * i))
+        .map(|n| common::random_tokens(&mut rng, n, vocab))
+        .collect();
+    let prefilled: Vec<(usize, usize)> = common::round_robin(&sequences)
+        .into_iter()
+        .filter(|&(s, i)| i + DECODED < sequences[s].len())
+        .collect();
+    let step = |range: std::ops::Range<usize>, from_end: usize| -> Vec<(usize, usize)> {
+        range.map(|s| (s, sequences[s].len() - from_end)).collect()
+    };
+    let passes = [
+        prefilled,
+        step(0..sequences.len(), 2),
+        step(0..8, 1),
+        step(8..sequences.len(), 1),
+    ];
+    let logits = |attention_group| {
+        let model = on(
+            &tuned(GpuTuning {
+                attention_group,
+                ..GpuTuning::DEFAULT
+            }),
+            &file,
+        );
+        common::logits_in_passes(&model, &sequences, &passes)
+    };
+    let (grouped, one_head) = (logits(3), logits(1));
+    for (s, (a, b)) in grouped.iter().zip(&one_head).enumerate() {
+        assert!(
+            a == b,
+            "sequence {s}: three heads a block differ from one head a block"
+        );
+    }
+    println!(
+        "three heads a block give the bits of one in a prefill of 20 sequences and decode steps \
+         of 20, 8 and 12"
+    );
 }
 
 #[test]

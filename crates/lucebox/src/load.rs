@@ -124,6 +124,11 @@ pub(crate) struct TuningArgs {
     ))]
     matvec_loop_rows: Option<u32>,
     #[arg(long, help = tuning_help(
+        "the most query heads of one KV head that a block of a batch's attention takes together",
+        GpuTuning::DEFAULT.attention_group,
+    ))]
+    attention_group: Option<u32>,
+    #[arg(long, help = tuning_help(
         "from this many activation rows, a quantized matmul runs on the tensor cores where the \
          device has them",
         GpuTuning::DEFAULT.mmq_rows,
@@ -162,11 +167,12 @@ fn tuning_help(what: &str, default: u32) -> String {
 
 impl TuningArgs {
     /// The numeric flags and their values, given or not.
-    fn numbers(&self) -> [(&'static str, Option<u32>); 5] {
+    fn numbers(&self) -> [(&'static str, Option<u32>); 6] {
         [
             ("--matvec-warps", self.matvec_warps),
             ("--attention-warps", self.attention_warps),
             ("--matvec-loop-rows", self.matvec_loop_rows),
+            ("--attention-group", self.attention_group),
             ("--mmq-rows", self.mmq_rows),
             ("--prompt-rows-from", self.prompt_rows_from),
         ]
@@ -207,8 +213,8 @@ impl TuningArgs {
                 || self.switches().iter().any(|(_, on)| on.is_some()))
         {
             bail!(
-                "--matvec-warps, --attention-warps, --matvec-loop-rows, --mmq-rows, \
-                 --streamed-matmul, --prompt-gemm, --prompt-attention and --prompt-rows-from \
+                "--matvec-warps, --attention-warps, --matvec-loop-rows, --attention-group, \
+                 --mmq-rows, --streamed-matmul, --prompt-gemm, --prompt-attention and --prompt-rows-from \
                  tune the GPU kernels, not --device cpu"
             );
         }
@@ -218,6 +224,9 @@ impl TuningArgs {
                 matvec_warps: k.matvec_warps,
                 attention_warps: k.attention_warps,
                 matvec_loop_rows: k.matvec_loop_rows,
+                attention_group: k
+                    .attention_group
+                    .unwrap_or(GpuTuning::DEFAULT.attention_group),
                 mmq_rows: k.mmq_rows.unwrap_or(GpuTuning::DEFAULT.mmq_rows),
                 streamed_matmul: k
                     .streamed_matmul
@@ -234,6 +243,7 @@ impl TuningArgs {
             matvec_warps: self.matvec_warps.unwrap_or(base.matvec_warps),
             attention_warps: self.attention_warps.unwrap_or(base.attention_warps),
             matvec_loop_rows: self.matvec_loop_rows.unwrap_or(base.matvec_loop_rows),
+            attention_group: self.attention_group.unwrap_or(base.attention_group),
             mmq_rows: self.mmq_rows.unwrap_or(base.mmq_rows),
             streamed_matmul: self.streamed_matmul.unwrap_or(base.streamed_matmul),
             prompt_gemm: self.prompt_gemm.unwrap_or(base.prompt_gemm),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use lucebox_gguf::GgmlType;
 use lucebox_quant::ActivationPrecision;
 
-use super::{HEAD_DIMS, PROMPT_ATTENTION_HEAD_DIMS};
+use super::{GROUPED_ATTENTION, HEAD_DIMS, PROMPT_ATTENTION_HEAD_DIMS};
 use crate::checks::HeadDims;
 
 /// Every kernel, loaded for one device.
@@ -19,6 +19,9 @@ pub(crate) struct Kernels<F> {
     pub(crate) store_kv: F,
     /// Attention for every head length of [`HEAD_DIMS`].
     pub(crate) attention: PerHeadDim<F>,
+    /// Attention taking several query heads of one KV head a block, for each of
+    /// [`GROUPED_ATTENTION`].
+    pub(crate) grouped_attention: GroupedAttention<F>,
     pub(crate) silu_mul: F,
     pub(crate) add: F,
     pub(crate) gather_rows: F,
@@ -72,6 +75,48 @@ impl<F> PerHeadDim<F> {
             let head_dim = (i + 1) * self.dims.multiple_of;
             (format!("{}_{head_dim}", self.family), kernel)
         })
+    }
+}
+
+/// `attention_<head_dim>_x<group>`: attention whose blocks take `group` query heads of one KV
+/// head, for each (head length, group) of [`GROUPED_ATTENTION`].
+pub(crate) struct GroupedAttention<F> {
+    kernels: Vec<((usize, u32), F)>,
+}
+
+impl<F> GroupedAttention<F> {
+    fn load(function: &impl Fn(&str, &str) -> Result<F, String>) -> Result<Self, String> {
+        let kernels = GROUPED_ATTENTION
+            .head_dims
+            .iter()
+            .flat_map(|&head_dim| {
+                GROUPED_ATTENTION
+                    .groups
+                    .iter()
+                    .map(move |&group| (head_dim, group))
+            })
+            .map(|key| Ok((key, function("attention", &Self::name(key))?)))
+            .collect::<Result<_, String>>()?;
+        Ok(Self { kernels })
+    }
+
+    fn name((head_dim, group): (usize, u32)) -> String {
+        format!("attention_{head_dim}_x{group}")
+    }
+
+    /// The kernel for heads of `head_dim` dimensions taken `group` a block, if there is one.
+    pub(crate) fn get(&self, head_dim: usize, group: u32) -> Option<&F> {
+        self.kernels
+            .iter()
+            .find(|(key, _)| *key == (head_dim, group))
+            .map(|(_, kernel)| kernel)
+    }
+
+    /// Every kernel, with its name.
+    pub(crate) fn named(&self) -> impl Iterator<Item = (String, &F)> {
+        self.kernels
+            .iter()
+            .map(|(key, kernel)| (Self::name(*key), kernel))
     }
 }
 
@@ -253,6 +298,7 @@ impl<F> Kernels<F> {
             rope_store_kv: function("rope", "rope_store_kv")?,
             store_kv: function("attention", "store_kv")?,
             attention: PerHeadDim::load("attention", HEAD_DIMS, &function)?,
+            grouped_attention: GroupedAttention::load(&function)?,
             silu_mul: function("elementwise", "silu_mul")?,
             add: function("elementwise", "add")?,
             gather_rows: function("elementwise", "gather_rows")?,

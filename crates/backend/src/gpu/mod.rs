@@ -50,6 +50,20 @@ const HEAD_DIMS: HeadDims = HeadDims {
     max: 256,
     multiple_of: 32,
 };
+/// The grouped attention kernels' instances (`attention_<head_dim>_x<group>`,
+/// kernels/cuda/attention.cu): blocks of `group` query heads of one KV head, whose softmax
+/// states more heads would spill from registers.
+const GROUPED_ATTENTION: GroupedInstances = GroupedInstances {
+    head_dims: &[64, 128],
+    groups: &[2, 3, 4],
+};
+
+/// The (head length, group) pairs of the grouped attention kernels: every combination.
+struct GroupedInstances {
+    head_dims: &'static [usize],
+    groups: &'static [u32],
+}
+
 /// The heads prompt rows' attention on the tensor cores takes (`prompt_attention_<head_dim>`,
 /// kernels/cuda/prompt_attention.cu): wider heads' accumulators would not fit a thread's
 /// registers, and their prompt rows take `attention_<head_dim>` like every other row.
@@ -424,13 +438,18 @@ impl<R: Runtime> GpuBackend<R> {
                 )));
             }
         }
-        let tuned =
-            kernels
-                .matvecs()
-                .map(|(name, _, kernel)| ("matvec_warps", tuning.matvec_warps, name, kernel))
-                .chain(kernels.attention.named().map(|(name, kernel)| {
-                    ("attention_warps", tuning.attention_warps, name, kernel)
-                }));
+        let tuned = kernels
+            .matvecs()
+            .map(|(name, _, kernel)| ("matvec_warps", tuning.matvec_warps, name, kernel))
+            .chain(
+                kernels
+                    .attention
+                    .named()
+                    .chain(kernels.grouped_attention.named())
+                    .map(|(name, kernel)| {
+                        ("attention_warps", tuning.attention_warps, name, kernel)
+                    }),
+            );
         for (value, warps, name, kernel) in tuned {
             let most = most_warps(kernel)?;
             if warps > most {
@@ -561,6 +580,28 @@ impl<R: Runtime> GpuBackend<R> {
             .map_err(device_error::<R>(op))
     }
 
+    /// The most query heads of one KV head, up to the tuning's `attention_group`, that a block
+    /// of attention over heads of `shape` takes: a divisor of the heads per KV head that has a
+    /// kernel, or 1.
+    fn attention_group(&self, shape: AttentionShape) -> u32 {
+        let per_kv_head = shape.heads / shape.kv_heads.max(1);
+        GROUPED_ATTENTION
+            .groups
+            .iter()
+            .copied()
+            .filter(|&group| {
+                group <= self.tuning.attention_group
+                    && per_kv_head.is_multiple_of(group as usize)
+                    && self
+                        .kernels
+                        .grouped_attention
+                        .get(shape.head_dim, group)
+                        .is_some()
+            })
+            .max()
+            .unwrap_or(1)
+    }
+
     /// `attention`'s launch; with `fresh`, the pass's unrotated k and v, which the kernel
     /// rotates and stores as `rope_store_kv` would (q unrotated too: `attend`).
     #[allow(clippy::too_many_arguments)]
@@ -584,18 +625,19 @@ impl<R: Runtime> GpuBackend<R> {
             q.dims(),
             out.dims(),
         )?;
-        let kernel = self
-            .kernels
-            .attention
-            .get(shape.head_dim)
-            .ok_or_else(|| Error::Shape {
-                op: "attention",
-                detail: format!(
-                    "heads of {} dimensions: the {} backend has no attention kernel for them",
-                    shape.head_dim,
-                    R::NAME
-                ),
-            })?;
+        let launch = batch.attention;
+        let kernel = match launch.group {
+            1 => self.kernels.attention.get(shape.head_dim),
+            group => self.kernels.grouped_attention.get(shape.head_dim, group),
+        }
+        .ok_or_else(|| Error::Shape {
+            op: "attention",
+            detail: format!(
+                "heads of {} dimensions: the {} backend has no attention kernel for them",
+                shape.head_dim,
+                R::NAME
+            ),
+        })?;
         let rows = batch.host.len();
         // A pass that rotates and stores K and V in its attention has no prompt rows where
         // they take their own kernel ([`Self::set_batch`]).
@@ -608,11 +650,10 @@ impl<R: Runtime> GpuBackend<R> {
         }
         let d = &batch.device;
         let (out, quantized) = out.written_quantized(rows);
-        let launch = batch.attention;
         self.launch(
             "attention",
             kernel,
-            ((rows - prompt) * shape.heads) as u32 * launch.blocks_per_head,
+            ((rows - prompt) * shape.heads) as u32 / launch.group * launch.blocks_per_head,
             launch.block_warps * LANES,
             &[
                 int(prompt),
@@ -1421,6 +1462,9 @@ pub struct GpuBatch<R: Runtime> {
     sin: Vec<f32>,
     /// Attention's query heads.
     heads: usize,
+    /// The query heads a block of attention takes where one a block would outnumber the SMs
+    /// ([`AttentionLaunch::of`]).
+    attention_group: u32,
     attention: AttentionLaunch,
     device: DeviceBatch<R>,
 }
@@ -1434,6 +1478,8 @@ struct AttentionLaunch {
     /// Warps per block, each taking the tuning's `attention_warps` parts of a head in turn
     /// with the same arithmetic whatever their number.
     block_warps: u32,
+    /// Query heads per block, of one KV head (`attention_<head_dim>_x<group>` from 2).
+    group: u32,
     /// Whether attention rotates q and k and stores K and V itself, as `rope_store_kv` would
     /// (a pass where each sequence has one token: [`Backend::attend`]; with `prompt_attention`,
     /// none of them a prompt token, whose attention kernel does not store).
@@ -1443,18 +1489,22 @@ struct AttentionLaunch {
 impl AttentionLaunch {
     /// The launch for a batch whose tokens are at `positions`, with `heads` query heads of
     /// `warps` parts each, on a GPU of `multiprocessors` SMs; `split` lets a head's ranges have
-    /// blocks of their own.
+    /// blocks of their own, and `group` query heads of one KV head may share a block.
     ///
     /// A pass with more blocks than SMs gets as many warps per block as its longest sequence has
     /// tiles of 32 positions (the parts past them have none), rounded up to a power of two: a
     /// batch of short sequences then fits several blocks on an SM instead of one (on the H200, 1.5B, 64
     /// sequences at 128 to 192 positions decode 6% faster with the streamed matmul). Fewer
-    /// blocks gain nothing from it, and each launch shape is one more recorded graph.
+    /// blocks gain nothing from it, and each launch shape is one more recorded graph. Such a
+    /// pass also takes `group` heads a block, which reads each K and V row once for them:
+    /// every part with tiles then has a warp of its own, as the grouped kernel needs. Fewer
+    /// blocks keep one head a block, whose chains of loads are shorter.
     fn of(
         positions: &[u32],
         heads: usize,
         warps: u32,
         split: bool,
+        group: u32,
         multiprocessors: usize,
     ) -> Self {
         // Blocks past a sequence's last range exit at once, but each is still scheduled: a pass
@@ -1471,21 +1521,25 @@ impl AttentionLaunch {
         };
         let blocks = positions.len() * heads * blocks_per_head as usize;
         let longest = positions.iter().copied().max().unwrap_or(0);
-        let block_warps = if blocks > multiprocessors {
-            (longest / LANES + 1).next_power_of_two().min(warps)
+        let (block_warps, group) = if blocks > multiprocessors {
+            ((longest / LANES + 1).next_power_of_two().min(warps), group)
         } else {
-            warps
+            (warps, 1)
         };
         AttentionLaunch {
             blocks_per_head,
             block_warps,
+            group,
             rotates_and_stores: false,
         }
     }
 
     /// What a pass's launches depend on ([`PassShape::variant`]).
     fn variant(self) -> u32 {
-        self.blocks_per_head | self.block_warps << 16 | u32::from(self.rotates_and_stores) << 24
+        self.blocks_per_head
+            | self.block_warps << 16
+            | u32::from(self.rotates_and_stores) << 24
+            | self.group << 25
     }
 }
 
@@ -1776,9 +1830,11 @@ impl<R: Runtime> Backend for GpuBackend<R> {
             cos: vec![0.0; tables],
             sin: vec![0.0; tables],
             heads: attention.heads,
+            attention_group: self.attention_group(attention),
             attention: AttentionLaunch {
                 blocks_per_head: 1,
                 block_warps: self.tuning.attention_warps,
+                group: 1,
                 rotates_and_stores: false,
             },
             device: DeviceBatch {
@@ -1826,6 +1882,7 @@ impl<R: Runtime> Backend for GpuBackend<R> {
                 dst.heads,
                 self.tuning.attention_warps,
                 src.len() <= SPLIT_BLOCKS_MAX_TOKENS,
+                dst.attention_group,
                 self.multiprocessors,
             )
         };
@@ -2514,46 +2571,74 @@ mod tests {
 
     #[test]
     fn attention_runs_fewer_warps_per_block_only_for_short_sequences_beyond_a_wave() {
-        let launch = |positions: &[u32], split| AttentionLaunch::of(positions, 12, 16, split, 132);
-        // 64 sequences of 96 to 159 positions: at most 5 tiles, so 8 warps take the 16 parts.
+        let launch =
+            |positions: &[u32], split| AttentionLaunch::of(positions, 12, 16, split, 3, 132);
+        // 64 sequences of 96 to 159 positions: at most 5 tiles, so 8 warps take the 16 parts,
+        // three heads a block.
         let short: Vec<u32> = (0..64).map(|i| 96 + i).collect();
         let of_short = launch(&short, false);
-        assert_eq!((of_short.blocks_per_head, of_short.block_warps), (1, 8));
-        // Four of them are 48 blocks, one each on 132 SMs.
-        assert_eq!(launch(&short[..4], true).block_warps, 16);
+        assert_eq!(
+            (
+                of_short.blocks_per_head,
+                of_short.block_warps,
+                of_short.group
+            ),
+            (1, 8, 3)
+        );
+        // Four of them are 48 blocks, one head each on 132 SMs.
+        let few = launch(&short[..4], true);
+        assert_eq!((few.block_warps, few.group), (16, 1));
         // One sequence of 1,100 positions among short ones: every part has tiles.
         let mixed = launch(&[1_099, 39, 299, 39, 39, 39, 39, 39], true);
-        assert_eq!((mixed.blocks_per_head, mixed.block_warps), (3, 16));
+        assert_eq!(
+            (mixed.blocks_per_head, mixed.block_warps, mixed.group),
+            (3, 16, 3)
+        );
         // The ranges are those of the sequence that has most, not of the longest.
         assert_eq!(launch(&[4_095, 4_096], true).blocks_per_head, 8);
         // Never more warps than parts.
         assert_eq!(
-            AttentionLaunch::of(&short, 12, 3, false, 132).block_warps,
+            AttentionLaunch::of(&short, 12, 3, false, 1, 132).block_warps,
             3
         );
         assert_eq!(
-            AttentionLaunch::of(&short[..1], 12, 3, false, 1).block_warps,
+            AttentionLaunch::of(&short[..1], 12, 3, false, 1, 1).block_warps,
             3
         );
         assert_eq!(
-            AttentionLaunch::of(&[31; 64], 12, 3, false, 132).block_warps,
+            AttentionLaunch::of(&[31; 64], 12, 3, false, 1, 132).block_warps,
             1
         );
+        // A grouped launch gives every part with tiles a warp of its own (the kernel traps
+        // otherwise): all the parts, or at least as many warps as any block has tiles.
+        for (positions, warps) in [
+            (vec![1_099; 20], 16),
+            (vec![1_099; 20], 3),
+            ((0..64).map(|i| 30 * i).collect::<Vec<u32>>(), 16),
+            (vec![200; 16], 16),
+            (vec![4_095; 3], 5),
+        ] {
+            let of = AttentionLaunch::of(&positions, 12, warps, positions.len() <= 8, 2, 8);
+            assert_eq!(of.group, 2);
+            let most_tiles = positions.iter().max().unwrap() / LANES + 1;
+            assert!(of.block_warps == warps || of.block_warps >= most_tiles);
+        }
         // Passes that differ in any of the launch's choices differ in their recorded graphs.
         let variants: std::collections::HashSet<u32> = [(1, 5), (5, 1), (3, 16), (16, 3)]
             .into_iter()
             .flat_map(|(blocks_per_head, block_warps)| {
-                [false, true].map(|rotates_and_stores| {
+                [(false, 1), (true, 1), (false, 3), (true, 4)].map(|(rotates_and_stores, group)| {
                     AttentionLaunch {
                         blocks_per_head,
                         block_warps,
+                        group,
                         rotates_and_stores,
                     }
                     .variant()
                 })
             })
             .collect();
-        assert_eq!(variants.len(), 8);
+        assert_eq!(variants.len(), 16);
     }
 
     #[test]
