@@ -995,6 +995,14 @@ fn a_ragged_batch_gives_each_sequence_exactly_its_own_logits_on_the_device() {
     }
 }
 
+/// One ragged prefill pass, round-robin, of every sequence but its last `decoded` tokens.
+fn prefill_but_the_last(sequences: &[Vec<u32>], decoded: usize) -> Vec<(usize, usize)> {
+    common::round_robin(sequences)
+        .into_iter()
+        .filter(|&(s, i)| i + decoded < sequences[s].len())
+        .collect()
+}
+
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn decode_passes_of_several_sequences_give_each_the_bits_of_its_prefill() {
@@ -1012,10 +1020,7 @@ fn decode_passes_of_several_sequences_give_each_the_bits_of_its_prefill() {
         .iter()
         .map(|&n| common::random_tokens(&mut rng, n, vocab))
         .collect();
-    let prefilled: Vec<(usize, usize)> = common::round_robin(&sequences)
-        .into_iter()
-        .filter(|&(s, i)| i + DECODED < sequences[s].len())
-        .collect();
+    let prefilled = prefill_but_the_last(&sequences, DECODED);
     let mut passes = vec![prefilled];
     for step in (1..=DECODED).rev() {
         passes.push(
@@ -1067,10 +1072,7 @@ fn attention_taking_three_heads_a_block_gives_the_bits_of_one_head_a_block() {
         .chain((0..16).map(|i| 20 + 13 * i))
         .map(|n| common::random_tokens(&mut rng, n, vocab))
         .collect();
-    let prefilled: Vec<(usize, usize)> = common::round_robin(&sequences)
-        .into_iter()
-        .filter(|&(s, i)| i + DECODED < sequences[s].len())
-        .collect();
+    let prefilled = prefill_but_the_last(&sequences, DECODED);
     let step = |range: std::ops::Range<usize>, from_end: usize| -> Vec<(usize, usize)> {
         range.map(|s| (s, sequences[s].len() - from_end)).collect()
     };
