@@ -1057,19 +1057,19 @@ fn decode_passes_of_several_sequences_give_each_the_bits_of_its_prefill() {
 #[test]
 #[ignore = "needs a GPU and fetched models"]
 fn attention_taking_three_heads_a_block_gives_the_bits_of_one_head_a_block() {
-    // Where one block per head would outnumber the SMs, a block takes three of the 1.5B's six
+    // Where the blocks of three heads still fill the SMs, a block takes three of the 1.5B's six
     // query heads per KV head (`attention_group`) and reads each K and V row once for them. In
-    // a ragged prefill of twenty sequences, a decode step of all twenty (whose attention
-    // rotates and stores K and V), one of eight (whose heads' three ranges at 1,100 positions
-    // have blocks of their own) and one of the other twelve, every logit equals that of one
-    // head a block.
+    // a ragged prefill of 44 sequences, a decode step of all 44 (whose attention rotates and
+    // stores K and V), one of 8 (whose heads' six ranges at 2,600 positions have blocks of
+    // their own) and one of the other 36 (grouped on a GPU of up to 132 SMs, as the H100 and
+    // H200 have), every logit equals that of one head a block.
     const DECODED: usize = 2;
     let file = open(TARGET);
     let mut rng = Rng::seeded(17);
     let vocab = ModelConfig::from_gguf(&file).unwrap().vocab;
-    let sequences: Vec<Vec<u32>> = [1_100, 300, 40, 4]
+    let sequences: Vec<Vec<u32>> = [2_600, 300, 40, 4]
         .into_iter()
-        .chain((0..16).map(|i| 20 + 13 * i))
+        .chain((0..40).map(|i| 20 + 5 * i))
         .map(|n| common::random_tokens(&mut rng, n, vocab))
         .collect();
     let prefilled = prefill_but_the_last(&sequences, DECODED);
@@ -1100,8 +1100,8 @@ fn attention_taking_three_heads_a_block_gives_the_bits_of_one_head_a_block() {
         );
     }
     println!(
-        "three heads a block give the bits of one in a prefill of 20 sequences and decode steps \
-         of 20, 8 and 12"
+        "three heads a block give the bits of one in a prefill of 44 sequences and decode steps \
+         of 44, 8 and 36"
     );
 }
 

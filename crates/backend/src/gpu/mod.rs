@@ -1496,9 +1496,11 @@ impl AttentionLaunch {
     /// batch of short sequences then fits several blocks on an SM instead of one (on the H200, 1.5B, 64
     /// sequences at 128 to 192 positions decode 6% faster with the streamed matmul). Fewer
     /// blocks gain nothing from it, and each launch shape is one more recorded graph. Such a
-    /// pass also takes `group` heads a block, which reads each K and V row once for them:
-    /// every part with tiles then has a warp of its own, as the grouped kernel needs. Fewer
-    /// blocks keep one head a block, whose chains of loads are shorter.
+    /// pass also takes `group` heads a block, which reads each K and V row once for them,
+    /// where the grouped blocks still fill the SMs: every part with tiles then has a warp of
+    /// its own, as the grouped kernel needs. On an H100 (SmolLM2, three heads a block, 132
+    /// SMs) 64 sequences decoded 9% faster grouped (192 blocks), 32 and 48 1-3% (96 and 144),
+    /// and 16 and 24 2-6% slower (48 and 72).
     fn of(
         positions: &[u32],
         heads: usize,
@@ -1522,7 +1524,11 @@ impl AttentionLaunch {
         let blocks = positions.len() * heads * blocks_per_head as usize;
         let longest = positions.iter().copied().max().unwrap_or(0);
         let (block_warps, group) = if blocks > multiprocessors {
-            ((longest / LANES + 1).next_power_of_two().min(warps), group)
+            let grouped = blocks / group as usize >= multiprocessors;
+            (
+                (longest / LANES + 1).next_power_of_two().min(warps),
+                if grouped { group } else { 1 },
+            )
         } else {
             (warps, 1)
         };
@@ -2585,14 +2591,17 @@ mod tests {
             ),
             (1, 8, 3)
         );
-        // Four of them are 48 blocks, one head each on 132 SMs.
+        // Four of them are 48 blocks, one head each on 132 SMs; sixteen are 192, but 64 grouped.
         let few = launch(&short[..4], true);
         assert_eq!((few.block_warps, few.group), (16, 1));
-        // One sequence of 1,100 positions among short ones: every part has tiles.
+        let sixteen = launch(&short[..16], false);
+        assert_eq!((sixteen.block_warps, sixteen.group), (4, 1));
+        // One sequence of 1,100 positions among short ones: every part has tiles; 288 blocks,
+        // 96 grouped.
         let mixed = launch(&[1_099, 39, 299, 39, 39, 39, 39, 39], true);
         assert_eq!(
             (mixed.blocks_per_head, mixed.block_warps, mixed.group),
-            (3, 16, 3)
+            (3, 16, 1)
         );
         // The ranges are those of the sequence that has most, not of the longest.
         assert_eq!(launch(&[4_095, 4_096], true).blocks_per_head, 8);
