@@ -331,8 +331,8 @@ static __device__ void attention_heads(int first, const float *q, __half *k_cach
                 score[g] = -INFINITY;
             }
             if (valid) {
-                // The K row in chunks that fill at most 64 registers, 32 where the heads'
-                // states take more; each chunk's loads go out together. A chunk after the
+                // The K row in chunks that fill at most V_REGISTERS registers; each chunk's
+                // loads go out together. A chunk after the
                 // first adds +0, which changes a score's bits at most from -0 to +0, and no
                 // result with them.
                 const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;

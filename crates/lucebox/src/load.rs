@@ -214,8 +214,8 @@ impl TuningArgs {
         {
             bail!(
                 "--matvec-warps, --attention-warps, --matvec-loop-rows, --attention-group, \
-                 --mmq-rows, --streamed-matmul, --prompt-gemm, --prompt-attention and --prompt-rows-from \
-                 tune the GPU kernels, not --device cpu"
+                 --mmq-rows, --streamed-matmul, --prompt-gemm, --prompt-attention and \
+                 --prompt-rows-from tune the GPU kernels, not --device cpu"
             );
         }
         let base = profile

@@ -1523,14 +1523,16 @@ impl AttentionLaunch {
         };
         let blocks = positions.len() * heads * blocks_per_head as usize;
         let longest = positions.iter().copied().max().unwrap_or(0);
-        let (block_warps, group) = if blocks > multiprocessors {
-            let grouped = blocks / group as usize >= multiprocessors;
-            (
-                (longest / LANES + 1).next_power_of_two().min(warps),
-                if grouped { group } else { 1 },
-            )
+        let block_warps = if blocks > multiprocessors {
+            (longest / LANES + 1).next_power_of_two().min(warps)
         } else {
-            (warps, 1)
+            warps
+        };
+        // Grouped blocks that fill the SMs are more blocks than SMs before grouping too.
+        let group = if blocks / group as usize >= multiprocessors {
+            group
+        } else {
+            1
         };
         AttentionLaunch {
             blocks_per_head,
