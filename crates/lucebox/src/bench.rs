@@ -1,5 +1,6 @@
 //! `lucebox bench`: prefill and decode throughput of one model, as llama-bench measures them.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,6 +10,7 @@ use lucebox_backend::Backend;
 use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
 
 use crate::load::{Activations, Device, TuningArgs, load_model};
+use crate::spec_bench::BenchPrompt;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BenchArgs {
@@ -59,6 +61,11 @@ pub(crate) struct BenchArgs {
     /// with n-gram lookup, and compare.
     #[arg(long)]
     spec: bool,
+    /// With --spec or --serve: prompts from this file, of the form of
+    /// tests/bench/spec-prompts.toml, instead of that set (tests/bench/edit-prompts.toml holds
+    /// five more code edits).
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
     /// With --spec: the drafter model (a GGUF file or a catalogue name); with --serve, what
     /// `lucebox serve --draft` gets.
     #[arg(long)]
@@ -126,6 +133,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             temperature: args.temperature,
             top_p: args.top_p,
             top_k: args.top_k,
+            prompt_file: args.prompt_file.as_deref(),
             prompts: &args.prompts,
             json: args.json,
         });
@@ -133,6 +141,14 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.draft.is_some() && !args.spec {
         bail!("--draft goes with --spec or --serve");
     }
+    if args.prompt_file.is_some() && !args.spec {
+        bail!("--prompt-file goes with --spec or --serve");
+    }
+    let prompts = if args.spec {
+        crate::spec_bench::prompt_set(args.prompt_file.as_deref())?
+    } else {
+        Vec::new()
+    };
     let model_arg = args.model.as_deref().context("--model is required")?;
     let profile = args
         .chip
@@ -142,12 +158,18 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         .context("--chip")?;
     let tuning = args.tuning.resolve(profile.as_ref(), args.device)?;
     crate::load::on_device!(args.device, args.threads, tuning, |backend| bench_on(
-        backend, &args, model_arg
+        backend, &args, model_arg, &prompts
     ))
 }
 
-/// Loads the model on `backend` and runs the benchmark `args` ask for.
-fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> anyhow::Result<()> {
+/// Loads the model on `backend` and runs the benchmark `args` ask for (with --spec, over
+/// `prompts`).
+fn bench_on<B: Backend>(
+    backend: &Arc<B>,
+    args: &BenchArgs,
+    model_arg: &str,
+    prompts: &[BenchPrompt],
+) -> anyhow::Result<()> {
     let target = load_model(model_arg, backend, args.activations.into()).context("--model")?;
     let params = SamplingParams {
         temperature: args.temperature,
@@ -167,6 +189,7 @@ fn bench_on<B: Backend>(backend: &Arc<B>, args: &BenchArgs, model_arg: &str) -> 
                 draft: args.draft.as_deref(),
                 draft_tokens: args.draft_tokens,
                 fixed_draft: args.fixed_draft,
+                prompts,
                 context: 2048,
                 repetitions: args.repetitions,
                 json: args.json,

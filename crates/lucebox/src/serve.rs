@@ -305,11 +305,17 @@ pub(crate) fn read_api_key(path: &std::path::Path) -> anyhow::Result<String> {
     Ok(key.to_owned())
 }
 
-/// A TOML error as one line: where, then what.
-fn one_line(error: &toml::de::Error, text: &str) -> String {
-    let what = error.message().trim();
+/// A TOML error as one line: where, then what (whose own lines are joined).
+pub(crate) fn one_line(error: &toml::de::Error, text: &str) -> String {
+    let what = error
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ");
     let Some(span) = error.span() else {
-        return what.to_owned();
+        return what;
     };
     let before = &text[..span.start.min(text.len())];
     let line = before.matches('\n').count() + 1;

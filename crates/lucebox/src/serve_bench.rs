@@ -4,6 +4,7 @@
 //! same client measures both.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +43,8 @@ pub(crate) struct ServeBenchArgs<'a> {
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: usize,
+    /// Another prompt set than the project's.
+    pub prompt_file: Option<&'a Path>,
     /// The names of the prompts to send; empty: all of the set.
     pub prompts: &'a [String],
     pub json: bool,
@@ -87,7 +90,7 @@ pub(crate) fn run(args: ServeBenchArgs<'_>) -> anyhow::Result<()> {
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
-    let mut prompts = prompt_set()?;
+    let mut prompts = prompt_set(args.prompt_file)?;
     if let Some(unknown) = args
         .prompts
         .iter()

@@ -1,7 +1,9 @@
 //! `lucebox bench --spec`: the project's prompt set decoded plain, with a drafter model and with
 //! n-gram lookup, in one process, so that every ratio compares runs on the same machine state.
 
+use std::borrow::Cow;
 use std::ops::ControlFlow;
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -35,9 +37,28 @@ pub(crate) struct BenchPrompt {
     pub text: String,
 }
 
-/// The project's benchmark prompts (`tests/bench/spec-prompts.toml`, embedded at build time).
-pub(crate) fn prompt_set() -> anyhow::Result<Vec<BenchPrompt>> {
-    let set: PromptSet = toml::from_str(PROMPTS).context("tests/bench/spec-prompts.toml")?;
+/// The prompts of `file`, or without one the project's (`tests/bench/spec-prompts.toml`,
+/// embedded at build time).
+pub(crate) fn prompt_set(file: Option<&Path>) -> anyhow::Result<Vec<BenchPrompt>> {
+    let (text, origin) = match file {
+        Some(path) => {
+            let origin = format!("--prompt-file {}", path.display());
+            let text = std::fs::read_to_string(path).with_context(|| origin.clone())?;
+            (Cow::Owned(text), origin)
+        }
+        None => (
+            Cow::Borrowed(PROMPTS),
+            "tests/bench/spec-prompts.toml".to_owned(),
+        ),
+    };
+    let set: PromptSet = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{origin}: {}", crate::serve::one_line(&e, &text)))?;
+    if set.prompts.is_empty() {
+        bail!("{origin}: no [[prompts]]");
+    }
+    if let Some(p) = set.prompts.iter().find(|p| p.max_tokens == 0) {
+        bail!("{origin}: prompt {:?} has max_tokens = 0", p.name);
+    }
     Ok(set.prompts)
 }
 
@@ -65,6 +86,7 @@ pub(crate) struct SpecBenchArgs<'a> {
     pub draft: Option<&'a str>,
     pub draft_tokens: usize,
     pub fixed_draft: bool,
+    pub prompts: &'a [BenchPrompt],
     pub context: usize,
     /// Timed runs of each prompt and mode; the median rate is reported.
     pub repetitions: usize,
@@ -73,7 +95,6 @@ pub(crate) struct SpecBenchArgs<'a> {
 
 pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
     let policy = draft_policy(args.draft_tokens, args.fixed_draft)?;
-    let prompts = prompt_set()?;
     let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
     let drafter = args
         .draft
@@ -111,7 +132,7 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
     }
 
     let mut runs = Vec::new();
-    for prompt in &prompts {
+    for prompt in args.prompts {
         let ids = prompt_tokens(target, &tokenizer, &prompt.text, prompt.chat, None)
             .with_context(|| format!("prompt {}", prompt.name))?;
         for (_, generator) in &mut modes {

@@ -85,6 +85,28 @@ fn unknown_models_and_bad_flags_are_refused_before_any_work() {
         &["bench", "--model", "x", "--repetitions", "0"],
         "--repetitions",
     );
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.toml");
+    let prompts_arg = prompts.to_str().unwrap();
+    let spec = [
+        "bench",
+        "--model",
+        "x",
+        "--spec",
+        "--prompt-file",
+        prompts_arg,
+    ];
+    assert_one_line_error(&spec, "--prompt-file");
+    std::fs::write(
+        &prompts,
+        "[[prompts]]\nname = \"a\"\nchat = false\ntext = \"hi\"\n",
+    )
+    .unwrap();
+    assert_one_line_error(&spec, "missing field `max_tokens`");
+    std::fs::write(&prompts, "prompts = [\n").unwrap();
+    assert_one_line_error(&spec, "line 2, column 1: invalid array, expected `]`");
+    std::fs::write(&prompts, "prompts = []\n").unwrap();
+    assert_one_line_error(&spec, "no [[prompts]]");
     assert_one_line_error(&["fetch"], "--all");
     assert_one_line_error(&["fetch", "no-such-model"], "no-such-model");
     assert_one_line_error(
