@@ -1,5 +1,6 @@
 //! What a drafter is, and the two the engine ships: a smaller model, and n-gram lookup.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use lucebox_backend::{Backend, BatchCapacity, TokenRole};
@@ -651,68 +652,31 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
     }
 }
 
-/// Prompt lookup: finds the latest earlier occurrence of the sequence's last few tokens and
-/// proposes what followed it. Costs no model; strong wherever the output repeats its input
-/// (code edits, quoting, retrieval).
+/// Prompt lookup: proposes what followed the earlier run of tokens that the sequence's end is
+/// copying, with the copy's replacements carried on. Costs no model; strong wherever the output
+/// repeats its input (code edits, quoting, retrieval).
 ///
-/// Where no suffix occurs earlier, the last [`SUBSTITUTED_WINDOW`] tokens may match an earlier
-/// run that differs from them in at most [`SUBSTITUTIONS`] places (the fewest, then the
-/// latest). An edit that renames something copies its input with the old name replaced, and
-/// each replacement breaks every exact suffix until a few more tokens have been copied; the
-/// window lines the copy up with its source again right after the replacement.
-#[derive(Clone, Debug)]
+/// The candidate sources are what follows each earlier occurrence of the sequence's last
+/// [`MATCHED_SUFFIX`] tokens (the latest [`CANDIDATES`] of them), or where there is none (right
+/// after a replaced name), what follows the earlier window closest to the last
+/// [`SUBSTITUTED_WINDOW`] tokens, at most [`SUBSTITUTIONS`] of them differing. Each candidate is
+/// lined up with the sequence backwards ([`align`]) across replaced runs; the best explanation
+/// of the copy ([`Alignment::score`]) wins, the latest of equals. Its continuation is drafted with the copy's
+/// replacements applied: an edit that renames something replaces every occurrence, and a
+/// draft that reached the next one unchanged would end there.
+#[derive(Clone, Debug, Default)]
 pub struct NgramDrafter {
-    longest: usize,
-    shortest: usize,
     /// A sequence followed by its draft so far, when a call continues one.
     scratch: Vec<u32>,
 }
 
-impl NgramDrafter {
-    /// Matches suffixes of `shortest..=longest` tokens, longest first.
-    pub fn new(shortest: usize, longest: usize) -> Result<Self, Error> {
-        if shortest == 0 || shortest > longest {
-            return Err(Error::InvalidParameter {
-                name: "ngram",
-                why: format!("sizes {shortest}..={longest} are not a range of lengths >= 1"),
-            });
-        }
-        Ok(Self {
-            longest,
-            shortest,
-            scratch: Vec::new(),
-        })
-    }
+/// How many of the sequence's last tokens an earlier occurrence must repeat to be a candidate:
+/// a single token repeats too often by chance to predict much.
+const MATCHED_SUFFIX: usize = 2;
 
-    /// Proposes up to `max` tokens to follow `tokens` into `draft`.
-    fn look_up(&self, tokens: &[u32], max: usize, draft: &mut Draft) {
-        if max == 0 {
-            return;
-        }
-        let continuation = self
-            .exact_continuation(tokens)
-            .or_else(|| substituted_continuation(tokens));
-        if let Some(start) = continuation {
-            for &t in tokens[start..].iter().take(max) {
-                draft.push_certain(t);
-            }
-        }
-    }
-
-    /// Where the continuation of the latest earlier occurrence of the longest suffix starts.
-    fn exact_continuation(&self, tokens: &[u32]) -> Option<usize> {
-        (self.shortest..=self.longest.min(tokens.len().saturating_sub(1)))
-            .rev()
-            .find_map(|n| {
-                let suffix = &tokens[tokens.len() - n..];
-                // Starts end before the suffix's own, so a continuation is never empty.
-                (0..tokens.len() - n)
-                    .rev()
-                    .find(|&start| &tokens[start..start + n] == suffix)
-                    .map(|start| start + n)
-            })
-    }
-}
+/// How many occurrences of the suffix, the latest, are lined up with the sequence: a common
+/// pair (a newline and an indent) occurs thousands of times in a long context.
+const CANDIDATES: usize = 32;
 
 /// The length of the window a substituted match compares ([`NgramDrafter`]).
 const SUBSTITUTED_WINDOW: usize = 8;
@@ -720,6 +684,153 @@ const SUBSTITUTED_WINDOW: usize = 8;
 /// How many of the window's tokens a substituted match may differ in: a renamed identifier
 /// is one or two tokens, and more differences match text that is merely alike.
 const SUBSTITUTIONS: usize = 2;
+
+/// How many tokens back from its end a copy is lined up with its source ([`align`]).
+const ALIGNED_SPAN: usize = 64;
+
+/// The longest run of tokens a replacement takes out of the source or puts into the copy:
+/// a name of up to three tokens renamed to another.
+const REPLACED_RUN: usize = 3;
+
+/// How many replacements a line-up crosses before it stops: more are text merely alike.
+const REPLACEMENTS: usize = 8;
+
+/// A run of the source that its copy replaced by another run, as ranges of the sequence.
+#[derive(Clone, Debug)]
+struct Replacement {
+    source: Range<usize>,
+    copy: Range<usize>,
+}
+
+/// A candidate source lined up with the copy at the sequence's end.
+#[derive(Debug)]
+struct Alignment {
+    /// Where the source's continuation starts.
+    continuation: usize,
+    /// Tokens equal in source and copy.
+    matched: usize,
+    /// The copy's replacements, the latest first.
+    replacements: Vec<Replacement>,
+}
+
+impl Alignment {
+    /// How well the source explains the copy: each replacement must be paid for by two
+    /// matched tokens, or any text would line up with any other through runs of chance
+    /// matches one token long.
+    fn score(&self) -> isize {
+        self.matched as isize - 2 * self.replacements.len() as isize
+    }
+}
+
+impl NgramDrafter {
+    /// Proposes up to `max` tokens to follow `tokens` into `draft`.
+    fn look_up(&self, tokens: &[u32], max: usize, draft: &mut Draft) {
+        if max == 0 || tokens.len() <= MATCHED_SUFFIX {
+            return;
+        }
+        let suffix = &tokens[tokens.len() - MATCHED_SUFFIX..];
+        // Starts end before the suffix's own, so a continuation is never empty.
+        let mut candidates: Vec<usize> = (0..tokens.len() - MATCHED_SUFFIX)
+            .rev()
+            .filter(|&start| &tokens[start..start + MATCHED_SUFFIX] == suffix)
+            .take(CANDIDATES)
+            .map(|start| start + MATCHED_SUFFIX)
+            .collect();
+        if candidates.is_empty() {
+            candidates.extend(substituted_continuation(tokens));
+        }
+        let best = candidates
+            .into_iter()
+            .map(|continuation| align(tokens, continuation))
+            .fold(None, |best: Option<Alignment>, candidate| match best {
+                Some(best) if best.score() >= candidate.score() => Some(best),
+                _ => Some(candidate),
+            });
+        if let Some(alignment) = best {
+            draft_continuation(tokens, alignment, max, draft);
+        }
+    }
+}
+
+/// Lines the source ending at `continuation` up with the copy at the sequence's end, back
+/// from both ends, for at most [`ALIGNED_SPAN`] tokens. Where they differ, the shortest pair of
+/// runs (fewest tokens, then fewest of the source's) whose removal makes the tokens before
+/// them equal is a replacement; the line-up stops where there is none within
+/// [`REPLACED_RUN`] tokens, or after [`REPLACEMENTS`].
+fn align(tokens: &[u32], continuation: usize) -> Alignment {
+    let (mut source, mut copy) = (continuation, tokens.len());
+    let mut alignment = Alignment {
+        continuation,
+        matched: 0,
+        replacements: Vec::new(),
+    };
+    let mut walked = 0;
+    while walked < ALIGNED_SPAN && source > 0 {
+        if tokens[source - 1] == tokens[copy - 1] {
+            source -= 1;
+            copy -= 1;
+            alignment.matched += 1;
+            walked += 1;
+            continue;
+        }
+        if alignment.replacements.len() == REPLACEMENTS {
+            break;
+        }
+        let Some((replaced, by)) = resynchronisation(tokens, source, copy) else {
+            break;
+        };
+        // An insertion lines the two up but has nothing to replace in a continuation.
+        if replaced > 0 {
+            alignment.replacements.push(Replacement {
+                source: source - replaced..source,
+                copy: copy - by..copy,
+            });
+        }
+        source -= replaced;
+        copy -= by;
+        walked += replaced.max(by);
+    }
+    alignment
+}
+
+/// The lengths of the shortest runs ending at `source` and at `copy` (fewest tokens in all,
+/// then fewest of the source's) after whose removal the tokens before them are equal; the
+/// copy stays after its source.
+fn resynchronisation(tokens: &[u32], source: usize, copy: usize) -> Option<(usize, usize)> {
+    (1..=2 * REPLACED_RUN).find_map(|total| {
+        (total.saturating_sub(REPLACED_RUN)..=total.min(REPLACED_RUN)).find_map(|replaced| {
+            let by = total - replaced;
+            let fits = replaced < source && copy - by > source - replaced;
+            (fits && tokens[source - replaced - 1] == tokens[copy - by - 1])
+                .then_some((replaced, by))
+        })
+    })
+}
+
+/// Drafts up to `max` tokens of the source's continuation, each run a replacement took out of
+/// the source put as the copy has it instead (the longest run first, then the latest).
+fn draft_continuation(tokens: &[u32], mut alignment: Alignment, max: usize, draft: &mut Draft) {
+    alignment
+        .replacements
+        .sort_by_key(|r| std::cmp::Reverse(r.source.len()));
+    let mut at = alignment.continuation;
+    let mut proposed = 0;
+    while proposed < max && at < tokens.len() {
+        let replacement = alignment
+            .replacements
+            .iter()
+            .find(|r| tokens[at..].starts_with(&tokens[r.source.clone()]));
+        let (taken, put) = match replacement {
+            Some(r) => (r.source.len(), &tokens[r.copy.clone()]),
+            None => (1, &tokens[at..=at]),
+        };
+        for &token in put.iter().take(max - proposed) {
+            draft.push_certain(token);
+        }
+        proposed += put.len().min(max - proposed);
+        at += taken;
+    }
+}
 
 /// Where the continuation of the earlier run closest to the last [`SUBSTITUTED_WINDOW`] tokens
 /// starts: the run differing in the fewest places, at most [`SUBSTITUTIONS`], and of those the
@@ -746,13 +857,6 @@ fn substituted_continuation(tokens: &[u32]) -> Option<usize> {
         }
     }
     best.map(|(_, continuation)| continuation)
-}
-
-impl Default for NgramDrafter {
-    /// Suffixes of 2 to 4 tokens: a single token repeats too often by chance to predict much.
-    fn default() -> Self {
-        Self::new(2, 4).expect("a range of lengths")
-    }
 }
 
 impl Drafter for NgramDrafter {
@@ -834,6 +938,37 @@ mod tests {
     }
 
     #[test]
+    fn ngram_drafts_a_copy_with_the_replacements_it_has_made() {
+        // 10..=18 copied with 12 renamed 99 and 14 renamed 98: the draft after "15 16" renames
+        // the source's later 12 and 14 too.
+        let source = [10, 11, 12, 13, 14, 15, 16, 12, 17, 14, 18];
+        let copy = [10, 11, 99, 13, 98, 15, 16];
+        let tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
+        assert_eq!(ngram(&tokens, 4), [99, 17, 98, 18]);
+        // A replacement may change the length: "12 13" became 99.
+        let source = [10, 11, 12, 13, 14, 15, 16, 12, 13, 17, 18];
+        let copy = [10, 11, 99, 14, 15, 16];
+        let tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
+        assert_eq!(ngram(&tokens, 3), [99, 17, 18]);
+        // The latest replacement of a source token wins: 12 was renamed 99, then 97.
+        let source = [10, 11, 12, 13, 14, 12, 15, 16, 12];
+        let copy = [10, 11, 99, 13, 14, 97, 15, 16];
+        let tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
+        assert_eq!(ngram(&tokens, 1), [97]);
+    }
+
+    #[test]
+    fn ngram_follows_the_source_that_explains_the_copy_best() {
+        // "5 6" occurs twice before the end. The later occurrence (continued by 60) follows
+        // unrelated tokens; the earlier one (continued by 30) follows the run 20..=23 that
+        // the copy repeats with 12 renamed 99.
+        let tokens = [
+            20, 21, 22, 23, 12, 5, 6, 30, 31, 50, 51, 5, 6, 60, 20, 21, 22, 23, 99, 5, 6,
+        ];
+        assert_eq!(ngram(&tokens, 2), [30, 31]);
+    }
+
+    #[test]
     fn ngram_continues_a_draft_from_the_sequence_and_the_draft_together() {
         let tokens = [5, 6, 7, 8, 9, 5];
         let mut draft = Draft::default();
@@ -875,12 +1010,5 @@ mod tests {
         assert!(ngram(&[1], 4).is_empty());
         assert!(ngram(&[], 4).is_empty());
         assert!(ngram(&[1, 2, 1, 2], 0).is_empty());
-    }
-
-    #[test]
-    fn ngram_sizes_must_form_a_range() {
-        assert!(NgramDrafter::new(0, 3).is_err());
-        assert!(NgramDrafter::new(3, 2).is_err());
-        assert!(NgramDrafter::new(1, 1).is_ok());
     }
 }
