@@ -905,10 +905,10 @@ mod tests {
     }
 
     #[test]
-    fn ngram_proposes_what_followed_the_latest_match_of_the_longest_suffix() {
-        // "7 8" occurs twice before the end; the later occurrence wins.
+    fn ngram_proposes_what_followed_the_longest_match_the_latest_of_equals() {
+        // "7 8" occurs twice before the end, each after other tokens; the later one wins.
         assert_eq!(ngram(&[7, 8, 1, 2, 7, 8, 3, 4, 5, 7, 8], 3), [3, 4, 5]);
-        // "1 2 3" matches with the longest suffix even though "2 3" occurs later.
+        // "1 2 3" matches more of the end than the later "2 3".
         assert_eq!(ngram(&[1, 2, 3, 9, 9, 2, 3, 6, 1, 2, 3], 2), [9, 9]);
         // A continuation may run into the suffix itself.
         assert_eq!(ngram(&[5, 6, 5, 6], 4), [5, 6]);
