@@ -657,13 +657,13 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
 /// repeats its input (code edits, quoting, retrieval).
 ///
 /// The candidate sources are what follows each earlier occurrence of the sequence's last
-/// [`MATCHED_SUFFIX`] tokens (the latest [`CANDIDATES`] of them), or where there is none (right
+/// `MATCHED_SUFFIX` tokens (the latest `CANDIDATES` of them), or where there is none (right
 /// after a replaced name), what follows the earlier window closest to the last
-/// [`SUBSTITUTED_WINDOW`] tokens, at most [`SUBSTITUTIONS`] of them differing. Each candidate is
-/// lined up with the sequence backwards ([`align`]) across replaced runs; the best explanation
-/// of the copy ([`Alignment::score`]) wins, the latest of equals. Its continuation is drafted with the copy's
-/// replacements applied: an edit that renames something replaces every occurrence, and a
-/// draft that reached the next one unchanged would end there.
+/// `SUBSTITUTED_WINDOW` tokens, at most `SUBSTITUTIONS` of them differing. Each candidate is
+/// lined up with the sequence backwards (`align`) across replaced runs; the best explanation
+/// of the copy (`Alignment::score`) wins, the latest of equals. Its continuation is drafted
+/// with the copy's replacements applied: an edit that renames something replaces every
+/// occurrence, and a draft that reached the next one unchanged would end there.
 #[derive(Clone, Debug, Default)]
 pub struct NgramDrafter {
     /// A sequence followed by its draft so far, when a call continues one.
