@@ -332,9 +332,8 @@ static __device__ void attention_heads(int first, const float *q, __half *k_cach
             }
             if (valid) {
                 // The K row in chunks that fill at most V_REGISTERS registers; each chunk's
-                // loads go out together. A chunk after the
-                // first adds +0, which changes a score's bits at most from -0 to +0, and no
-                // result with them.
+                // loads go out together. A chunk after the first adds +0, which changes a
+                // score's bits at most from -0 to +0, and no result with them.
                 const __half *k = k_cache + (size_t)slot * kv_width + (size_t)kv_head * HEAD_DIM;
                 constexpr int K_WORDS = HEAD_DIM / 2 < V_REGISTERS ? HEAD_DIM / 2 : V_REGISTERS;
 #pragma unroll

@@ -739,13 +739,11 @@ impl NgramDrafter {
         if candidates.is_empty() {
             candidates.extend(substituted_continuation(tokens));
         }
+        // The candidates run latest first, and `min_by_key` keeps the first of equals.
         let best = candidates
             .into_iter()
             .map(|continuation| align(tokens, continuation))
-            .fold(None, |best: Option<Alignment>, candidate| match best {
-                Some(best) if best.score() >= candidate.score() => Some(best),
-                _ => Some(candidate),
-            });
+            .min_by_key(|alignment| std::cmp::Reverse(alignment.score()));
         if let Some(alignment) = best {
             draft_continuation(tokens, alignment, max, draft);
         }
@@ -824,10 +822,11 @@ fn draft_continuation(tokens: &[u32], mut alignment: Alignment, max: usize, draf
             Some(r) => (r.source.len(), &tokens[r.copy.clone()]),
             None => (1, &tokens[at..=at]),
         };
-        for &token in put.iter().take(max - proposed) {
+        let fitting = &put[..put.len().min(max - proposed)];
+        for &token in fitting {
             draft.push_certain(token);
         }
-        proposed += put.len().min(max - proposed);
+        proposed += fitting.len();
         at += taken;
     }
 }
