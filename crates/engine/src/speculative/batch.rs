@@ -6,12 +6,13 @@
 //! pass of 16 rows costs little more than one of 4, while on a CPU whose batch is already
 //! compute-bound every row costs about as much as a plain sequence's, and a draft, never sure
 //! to be accepted, is worth less than that row. So the step is planned as a whole: drafted
-//! row j of a sequence whose drafts are accepted with probability a is worth a^j expected
-//! tokens, and the rows worth most are added while the step's expected tokens per second,
+//! row j of a sequence is worth the chance that its first j drafts are all accepted (a^j for
+//! drafts accepted with a known probability a; see [`Acceptance`]) in expected tokens, and the
+//! rows worth most are added while the step's expected tokens per second,
 //! from the measured cost of passes by their length ([`PairCosts::pass_seconds`]), improve by
 //! a clear margin ([`REQUIRED_BATCH_GAIN`]).
 
-use super::adaptive::{MAX_DRAFT, PairCosts};
+use super::adaptive::{Acceptance, MAX_DRAFT, PairCosts};
 
 /// Drafted rows must promise a step this much more than its plain pass: the costs of the
 /// lengths a batch seldom runs rest on few passes, and the allotment favours exactly the
@@ -25,17 +26,31 @@ const REQUIRED_BATCH_GAIN: f64 = 1.10;
 pub(crate) struct Offer {
     /// The tokens it may draft: its drafter's proposal, within its limits.
     pub proposed: usize,
-    /// The chance that a drafted token is accepted, given the ones before it were.
-    pub acceptance: f64,
+    /// The expected tokens of its j-th drafted row at index j - 1: the chance that its first
+    /// j drafted tokens are all accepted.
+    values: [f64; MAX_DRAFT],
     /// What its first drafted row costs the step besides the drafter's passes: its share of
     /// a catch-up ([`DraftLength::offer`](super::DraftLength::offer)).
     pub catch_up_seconds: f64,
 }
 
 impl Offer {
+    /// An offer of up to `proposed` drafted tokens whose acceptance is `acceptance`.
+    pub(crate) fn new(proposed: usize, acceptance: Acceptance, catch_up_seconds: f64) -> Self {
+        let mut values = [0.0; MAX_DRAFT];
+        for (value, run) in values.iter_mut().zip(acceptance.runs().skip(1)) {
+            *value = run;
+        }
+        Self {
+            proposed: proposed.min(MAX_DRAFT),
+            values,
+            catch_up_seconds,
+        }
+    }
+
     /// The expected tokens of its `j`-th drafted row (from 1).
     fn value(&self, j: usize) -> f64 {
-        self.acceptance.powi(j as i32)
+        self.values[j - 1]
     }
 }
 
@@ -189,11 +204,7 @@ mod tests {
     const PER_TOKEN: DraftPrice = DraftPrice::PerToken;
 
     fn offer(proposed: usize, acceptance: f64) -> Offer {
-        Offer {
-            proposed,
-            acceptance,
-            catch_up_seconds: 0.0,
-        }
+        Offer::new(proposed, Acceptance::exactly(acceptance), 0.0)
     }
 
     /// Sixteen sequences decoding, each with `offer`.
