@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use lucebox_appliance::HostProfile;
+use lucebox_appliance::{DEFAULT_CHIP, HostProfile};
 use lucebox_backend::Backend;
+use lucebox_engine::speculative::DraftPolicy;
 use lucebox_engine::{Rng, Sampler, SamplingParams, Session, SessionConfig};
 
+use crate::generate::draft_policy;
 use crate::load::{Activations, Device, TuningArgs, load_model};
 use crate::spec_bench::BenchPrompt;
 
@@ -70,11 +72,12 @@ pub(crate) struct BenchArgs {
     /// `lucebox serve --draft` gets.
     #[arg(long)]
     draft: Option<String>,
-    /// With --spec: the longest draft per round.
-    #[arg(long, default_value_t = 8)]
-    draft_tokens: usize,
+    /// With --spec: the longest draft per round [default: the `draft_tokens` of --chip's host
+    /// profile, or of the CPU's]; with --serve, what `lucebox serve --draft-tokens` gets.
+    #[arg(long, conflicts_with = "url")]
+    draft_tokens: Option<usize>,
     /// With --spec: always draft --draft-tokens tokens instead of adapting.
-    #[arg(long)]
+    #[arg(long, requires = "spec")]
     fixed_draft: bool,
     /// Load a server through HTTP at each --concurrency level: aggregate tok/s and time to
     /// first token. It runs `lucebox serve --model M --draft D` (D: `none` unless --draft is
@@ -122,6 +125,7 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
             url: args.url.as_deref(),
             model: args.model.as_deref(),
             draft: args.draft.as_deref().unwrap_or("none"),
+            draft_tokens: args.draft_tokens,
             threads: args.threads,
             device: args.device,
             activations: args.activations,
@@ -141,6 +145,9 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.draft.is_some() && !args.spec {
         bail!("--draft goes with --spec or --serve");
     }
+    if args.draft_tokens.is_some() && !args.spec {
+        bail!("--draft-tokens goes with --spec or --serve");
+    }
     if args.prompt_file.is_some() && !args.spec {
         bail!("--prompt-file goes with --spec or --serve");
     }
@@ -156,19 +163,26 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         .map(HostProfile::embedded)
         .transpose()
         .context("--chip")?;
+    let draft_tokens = match (args.draft_tokens, &profile) {
+        (Some(tokens), _) => tokens,
+        (None, Some(profile)) => profile.engine().draft_tokens,
+        (None, None) => HostProfile::embedded(DEFAULT_CHIP)?.engine().draft_tokens,
+    };
+    let policy = draft_policy(draft_tokens, args.fixed_draft)?;
     let tuning = args.tuning.resolve(profile.as_ref(), args.device)?;
     crate::load::on_device!(args.device, args.threads, tuning, |backend| bench_on(
-        backend, &args, model_arg, &prompts
+        backend, &args, model_arg, &prompts, policy
     ))
 }
 
 /// Loads the model on `backend` and runs the benchmark `args` ask for (with --spec, over
-/// `prompts`).
+/// `prompts`, drafting as `policy` says).
 fn bench_on<B: Backend>(
     backend: &Arc<B>,
     args: &BenchArgs,
     model_arg: &str,
     prompts: &[BenchPrompt],
+    policy: DraftPolicy,
 ) -> anyhow::Result<()> {
     let target = load_model(model_arg, backend, args.activations.into()).context("--model")?;
     let params = SamplingParams {
@@ -187,8 +201,7 @@ fn bench_on<B: Backend>(
             crate::spec_bench::SpecBenchArgs {
                 params,
                 draft: args.draft.as_deref(),
-                draft_tokens: args.draft_tokens,
-                fixed_draft: args.fixed_draft,
+                policy,
                 prompts,
                 context: 2048,
                 repetitions: args.repetitions,

@@ -27,6 +27,8 @@ pub(crate) struct ServeBenchArgs<'a> {
     pub model: Option<&'a str>,
     /// The drafter `lucebox serve` gets (`none`, `ngram`, or a model).
     pub draft: &'a str,
+    /// The longest draft `lucebox serve` gets [default: its host profile's].
+    pub draft_tokens: Option<usize>,
     pub threads: Option<usize>,
     /// The backend `lucebox serve` runs on.
     pub device: Device,
@@ -201,6 +203,9 @@ fn spawn_server(model: &str, args: &ServeBenchArgs<'_>) -> anyhow::Result<(Strin
     }
     if let Some(chip) = args.chip {
         command.args(["--chip", chip]);
+    }
+    if let Some(tokens) = args.draft_tokens {
+        command.args(["--draft-tokens", &tokens.to_string()]);
     }
     command.args(args.tuning.to_args());
     for (flag, value) in [

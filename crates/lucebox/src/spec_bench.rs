@@ -7,12 +7,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use lucebox_engine::speculative::{Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator};
+use lucebox_engine::speculative::{
+    DraftPolicy, Drafter, ModelDrafter, NgramDrafter, SpecStats, Speculator,
+};
 use lucebox_engine::{Generator, Sampler, SamplingParams, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
-use crate::generate::{draft_policy, load_drafter, prompt_tokens};
+use crate::generate::{load_drafter, prompt_tokens};
 use lucebox_backend::Backend;
 
 use crate::load::Loaded;
@@ -84,8 +86,7 @@ pub(crate) struct SpecBenchArgs<'a> {
     /// Every mode's sampling (with a fixed seed, so that each run of a mode is the same).
     pub params: SamplingParams,
     pub draft: Option<&'a str>,
-    pub draft_tokens: usize,
-    pub fixed_draft: bool,
+    pub policy: DraftPolicy,
     pub prompts: &'a [BenchPrompt],
     pub context: usize,
     /// Timed runs of each prompt and mode; the median rate is reported.
@@ -94,7 +95,7 @@ pub(crate) struct SpecBenchArgs<'a> {
 }
 
 pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
-    let policy = draft_policy(args.draft_tokens, args.fixed_draft)?;
+    let policy = args.policy;
     let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
     let drafter = args
         .draft

@@ -107,6 +107,18 @@ fn unknown_models_and_bad_flags_are_refused_before_any_work() {
     assert_one_line_error(&spec, "line 2, column 1: invalid array, expected `]`");
     std::fs::write(&prompts, "prompts = []\n").unwrap();
     assert_one_line_error(&spec, "no [[prompts]]");
+    assert_one_line_error(
+        &["bench", "--model", "x", "--draft-tokens", "4"],
+        "--draft-tokens goes with --spec or --serve",
+    );
+    std::fs::write(
+        &prompts,
+        "[[prompts]]\nname = \"a\"\nchat = false\ntext = \"hi\"\nmax_tokens = 4\n",
+    )
+    .unwrap();
+    let mut too_long = spec.to_vec();
+    too_long.extend(["--draft-tokens", "17"]);
+    assert_one_line_error(&too_long, "--draft-tokens 17 is not between 1 and 16");
     assert_one_line_error(&["fetch"], "--all");
     assert_one_line_error(&["fetch", "no-such-model"], "no-such-model");
     assert_one_line_error(
