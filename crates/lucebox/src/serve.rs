@@ -163,9 +163,7 @@ impl Settings {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("--config {}", path.display()))?;
-                toml::from_str(&text).map_err(|e| {
-                    anyhow::anyhow!("--config {}: {}", path.display(), one_line(&e, &text))
-                })?
+                crate::toml_text::parse(&text, &format!("--config {}", path.display()))?
             }
             None => FileConfig::default(),
         };
@@ -303,24 +301,6 @@ pub(crate) fn read_api_key(path: &std::path::Path) -> anyhow::Result<String> {
         bail!("--api-key-file {}: the first line is empty", path.display());
     }
     Ok(key.to_owned())
-}
-
-/// A TOML error as one line: where, then what (whose own lines are joined).
-pub(crate) fn one_line(error: &toml::de::Error, text: &str) -> String {
-    let what = error
-        .message()
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let Some(span) = error.span() else {
-        return what;
-    };
-    let before = &text[..span.start.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
-    format!("line {line}, column {column}: {what}")
 }
 
 /// Runs `lucebox serve` until SIGINT or SIGTERM.

@@ -53,8 +53,7 @@ pub(crate) fn prompt_set(file: Option<&Path>) -> anyhow::Result<Vec<BenchPrompt>
             "tests/bench/spec-prompts.toml".to_owned(),
         ),
     };
-    let set: PromptSet = toml::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{origin}: {}", crate::serve::one_line(&e, &text)))?;
+    let set: PromptSet = crate::toml_text::parse(&text, &origin)?;
     if set.prompts.is_empty() {
         bail!("{origin}: no [[prompts]]");
     }
