@@ -246,7 +246,7 @@ struct Speculation {
     rivals: Rivals,
 }
 
-/// Continuous batching on one model; see the [module](self) documentation.
+/// Continuous batching on one model (its design: the head of crates/engine/src/batcher.rs).
 pub struct Batcher<B: Backend> {
     model: Arc<Model<B>>,
     config: BatchConfig,

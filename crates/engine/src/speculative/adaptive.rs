@@ -75,7 +75,7 @@ pub enum Rivals {
     /// Nothing: the sequence runs alone, and a round's price is its own pass.
     None,
     /// Other sequences' drafts: a drafted row was taken in the last step only when worth more
-    /// than `cutoff` expected tokens ([`allot`](super::batch::allot)).
+    /// than `cutoff` expected tokens (`allot`).
     Batch {
         /// The value a first drafted row had to beat.
         cutoff: f64,

@@ -68,7 +68,7 @@ impl Draft {
     }
 
     /// Whether every token was proposed with certainty: then the target's own draw at each
-    /// row decides ([`accept`](super::accept)).
+    /// row decides (`accept`).
     pub fn is_certain(&self) -> bool {
         self.from[..self.tokens.len()]
             .iter()
