@@ -161,9 +161,9 @@ impl Settings {
     fn new(args: ServeArgs) -> anyhow::Result<Settings> {
         let file = match &args.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("--config {}", path.display()))?;
-                crate::toml_text::parse(&text, &format!("--config {}", path.display()))?
+                let origin = format!("--config {}", path.display());
+                let text = std::fs::read_to_string(path).with_context(|| origin.clone())?;
+                crate::toml_text::parse(&text, &origin)?
             }
             None => FileConfig::default(),
         };

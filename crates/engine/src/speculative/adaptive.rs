@@ -682,6 +682,14 @@ mod tests {
         (0, 20.0 * k as f64, 50.0 + 5.0 * k as f64)
     }
 
+    /// The tokens a drafter `unseen` tokens behind feeds when it catches up as `plan` says.
+    fn caught_up(plan: Plan, unseen: usize) -> usize {
+        match plan.catch_up {
+            CatchUp::Full => unseen,
+            CatchUp::RestartOn(n) => n,
+        }
+    }
+
     #[test]
     fn a_cheap_accurate_drafter_drafts_long() {
         assert!(settle(0.95, 2.0, 1.0) >= 4);
@@ -804,10 +812,7 @@ mod tests {
                 let (accepted, draft, verify) = never_right(plan.draft);
                 if plan.draft > 0 {
                     probes += 1;
-                    let caught_up = match plan.catch_up {
-                        CatchUp::Full => unseen,
-                        CatchUp::RestartOn(n) => n,
-                    };
+                    let caught_up = caught_up(plan, unseen);
                     spent += per_token * caught_up as f64 + draft + verify - 50.0;
                     unseen = 0;
                 } else {
@@ -925,10 +930,7 @@ mod tests {
                 unseen += 1;
                 continue;
             }
-            let caught_up = match plan.catch_up {
-                CatchUp::Full => unseen,
-                CatchUp::RestartOn(n) => n,
-            };
+            let caught_up = caught_up(plan, unseen);
             let accepted = (0..k).take_while(|&i| accepts(generated + i)).count();
             let (catch_up, draft, verify) = (0.1 * caught_up as f64, 0.7 * k as f64, pass(k + 1));
             time += catch_up + draft + verify;
