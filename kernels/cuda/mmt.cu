@@ -10,10 +10,12 @@
 // logits do not depend on its batch), though not the matvec's bits.
 //
 // A block of MMT_WARPS warps takes MMT_BLOCK_ROWS weight rows, 16 per warp, and a tile of
-// MMT_TOKENS activation rows. It streams the super-blocks of its K range through shared memory
-// (cp.async, MMT_STAGES in flight): each weight byte is read from global memory once per tile,
-// in 16-byte pieces, and each warp loads its mma fragments from shared memory, where rows are
-// padded so that a warp's loads fall in distinct banks. A Q4_K sub-block of 32 columns is one
+// MMT_TOKENS activation rows, or in passes of more rows a wide tile of MMT_WIDE_TOKENS (each
+// warp's mma then in two slices of eight, its weights decoded once). It streams the
+// super-blocks of its K range through shared memory (cp.async, MMT_STAGES in flight): each
+// weight byte is read from global memory once per tile, in 16-byte pieces, and each warp loads
+// its mma fragments from shared memory, where rows are padded so that a warp's loads fall in
+// distinct banks. A Q4_K sub-block of 32 columns is one
 // mma.sync m16n8k32 s8 per activation part; each lane feeds 8 consecutive columns (8 bytes of
 // activations, the matching nibbles of its two weight rows, 8 consecutive bytes of a Q4_K
 // block): where a column sits inside an mma is free as long as both sides agree. A Q6_K
@@ -41,6 +43,11 @@
 // Weight rows per warp (the m16 of one mma), activation rows per tile (its n8).
 #define MMT_ROWS 16
 #define MMT_TOKENS 8
+// Activation rows per wide tile, the tiles of passes of more than MMT_TOKENS rows: a warp takes
+// two n8 slices of activation rows, each weight fragment, scale and minimum decoded once for
+// both, and a block stages its weight rows once for all sixteen (two tiles of eight staged
+// them twice and decoded them twice, and a pass of 9 rows cost an eighth more than one of 8).
+#define MMT_WIDE_TOKENS 16
 #ifndef MMT_WARPS
 #define MMT_WARPS 4
 #endif
@@ -50,13 +57,19 @@
 #endif
 // A stage holds the block's weight rows (as their format lays them out below), then the tile
 // of activations: each row's high part (256 bytes, padded), the low parts, then per row its
-// scales and sums (8 groups of 16 bytes). Offsets in the tile:
+// scales and sums (8 groups of 16 bytes).
 #define MMT_X_STRIDE 288
 #define MMT_S_STRIDE 144
-#define MMT_X_HI 0
-#define MMT_X_LO (MMT_TOKENS * MMT_X_STRIDE)
-#define MMT_SCALES (2 * MMT_TOKENS * MMT_X_STRIDE)
-#define MMT_TILE_BYTES (MMT_SCALES + MMT_TOKENS * MMT_S_STRIDE)
+// The offsets in a tile of TOKENS activation rows, and its size.
+template <int TOKENS> struct TileLayout {
+    static constexpr int X_HI = 0;
+    static constexpr int X_LO = TOKENS * MMT_X_STRIDE;
+    static constexpr int SCALES = 2 * TOKENS * MMT_X_STRIDE;
+    static constexpr int BYTES = SCALES + TOKENS * MMT_S_STRIDE;
+};
+// The dynamic shared memory of the wide tiles' kernels (the host's MMT_WIDE_SHARED_BYTES): the
+// stages of sixteen rows with Q6_K weights pass the 48 KB a kernel may declare statically.
+#define MMT_WIDE_SHARED (54 * 1024)
 // Q4_K: a row's 144-byte block, padded.
 #define MMT_Q4_K_STRIDE 160
 #define MMT_Q4_K_TILE (MMT_BLOCK_ROWS * MMT_Q4_K_STRIDE)
@@ -143,64 +156,76 @@ static __device__ __forceinline__ void stage_q4_k_weights(uint8_t *stage, const 
     }
 }
 
-// Copies the activations of super-block blk for rows t0.. into a stage's tile: its PARTS parts
-// (q8.cuh: the high one alone where the activations were quantized in one), and per group of
-// 32 (d_hi, d_lo, sum of the first 16, sum of the second 16). Thread 16 * tok + piece of the
-// first MMT_TOKENS * 16 copies piece `piece` of the parts of row tok and one of its scale and
-// sum pairs.
-template <int PARTS>
+// Copies the activations of super-block blk for rows t0.. into a stage's tile of TOKENS rows:
+// their PARTS parts (q8.cuh: the high one alone where the activations were quantized in one),
+// and per group of 32 (d_hi, d_lo, sum of the first 16, sum of the second 16). Thread
+// 16 * r + piece copies piece `piece` of the parts of rows r, r + 8, ... and one of their scale
+// and sum pairs.
+template <int PARTS, int TOKENS>
 static __device__ __forceinline__ void stage_activations(uint8_t *stage, const signed char *x_hi,
                                                          const signed char *x_lo,
                                                          const float2 *x_scales,
                                                          const float *x_sums, int cols,
                                                          int t0, int tokens, unsigned blk) {
-    const int tok = threadIdx.x / 16, piece = threadIdx.x % 16;
-    if (tok >= MMT_TOKENS || t0 + tok >= tokens) {
-        return;
+    using Layout = TileLayout<TOKENS>;
+    constexpr int ROWS_AT_ONCE = MMT_WARPS * WARP_SIZE / 16;
+    static_assert(TOKENS % ROWS_AT_ONCE == 0, "every thread stages the same rows of a tile");
+    const int piece = threadIdx.x % 16, g = piece / 2, sums = piece % 2;
+#pragma unroll
+    for (int tok = threadIdx.x / 16; tok < TOKENS; tok += ROWS_AT_ONCE) {
+        if (t0 + tok >= tokens) {
+            return;
+        }
+        const size_t at = (size_t)(t0 + tok) * cols + 256 * blk + 16 * piece;
+        uint8_t *to = stage + tok * MMT_X_STRIDE + 16 * piece;
+        copy16_async(to + Layout::X_HI, x_hi + at);
+        if (PARTS == 2) {
+            copy16_async(to + Layout::X_LO, x_lo + at);
+        }
+        const size_t group = (size_t)(t0 + tok) * (cols / SPAN) + 8 * blk + g;
+        copy8_async(stage + Layout::SCALES + tok * MMT_S_STRIDE + 16 * g + 8 * sums,
+                    sums ? (const void *)(x_sums + 2 * group) : (const void *)(x_scales + group));
     }
-    const size_t at = (size_t)(t0 + tok) * cols + 256 * blk + 16 * piece;
-    uint8_t *to = stage + tok * MMT_X_STRIDE + 16 * piece;
-    copy16_async(to + MMT_X_HI, x_hi + at);
-    if (PARTS == 2) {
-        copy16_async(to + MMT_X_LO, x_lo + at);
-    }
-    const int g = piece / 2, sums = piece % 2;
-    const size_t group = (size_t)(t0 + tok) * (cols / SPAN) + 8 * blk + g;
-    copy8_async(stage + MMT_SCALES + tok * MMT_S_STRIDE + 16 * g + 8 * sums,
-                sums ? (const void *)(x_sums + 2 * group) : (const void *)(x_scales + group));
 }
 
 // The integer products of sub-block `sub` of a staged super-block (pa, pb: this lane's bytes
-// of its chunk of nibbles in rows `group` and group + 8) with each of the PARTS parts of
-// activation row `group`, in the mma's layout: ch, cl hold rows group and group + 8 times
-// activation rows 2t and 2t + 1 (cl zeros with one part, as the products with a low part of
-// zeros would be).
-template <int PARTS>
+// of its chunk of nibbles in rows `group` and group + 8) with each of the PARTS parts of the
+// tile's activation rows, SLICES slices of eight, in the mma's layout: ch[4 s..], cl[4 s..]
+// hold rows group and group + 8 times activation rows 8 s + 2t and 8 s + 2t + 1 (cl zeros with
+// one part, as the products with a low part of zeros would be). The weights' fragment is
+// decoded once for all slices.
+template <int PARTS, int SLICES>
 static __device__ __forceinline__ void sub_block_products(const uint8_t *stage, uint2 pa,
                                                           uint2 pb, unsigned sub, int group,
-                                                          int t, int ch[4], int cl[4]) {
+                                                          int t, int ch[4 * SLICES],
+                                                          int cl[4 * SLICES]) {
+    using Layout = TileLayout<MMT_TOKENS * SLICES>;
     const unsigned shift = 4 * (sub % 2);
     const int a[4] = {(int)((pa.x >> shift) & 0x0F0F0F0F), (int)((pb.x >> shift) & 0x0F0F0F0F),
                       (int)((pa.y >> shift) & 0x0F0F0F0F), (int)((pb.y >> shift) & 0x0F0F0F0F)};
-    const uint8_t *x = stage + MMT_Q4_K_TILE + MMT_X_HI + group * MMT_X_STRIDE + 32 * sub + 8 * t;
-    const int2 xh = *(const int2 *)x;
-    mma_k32(ch, a, xh.x, xh.y);
-    if (PARTS == 2) {
-        const int2 xl = *(const int2 *)(x + MMT_X_LO - MMT_X_HI);
-        mma_k32(cl, a, xl.x, xl.y);
-    } else {
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            cl[k] = 0;
+    for (int s = 0; s < SLICES; s++) {
+        const uint8_t *x = stage + MMT_Q4_K_TILE + Layout::X_HI +
+                           (MMT_TOKENS * s + group) * MMT_X_STRIDE + 32 * sub + 8 * t;
+        const int2 xh = *(const int2 *)x;
+        mma_k32(ch + 4 * s, a, xh.x, xh.y);
+        if (PARTS == 2) {
+            const int2 xl = *(const int2 *)(x + Layout::X_LO - Layout::X_HI);
+            mma_k32(cl + 4 * s, a, xl.x, xl.y);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                cl[4 * s + k] = 0;
+            }
         }
     }
 }
 
 // The rows of this lane in a staged super-block, rows `group` and group + 8 of the warp's 16:
 // for each sub-block, `use(sub, ch, cl, sc_a, m_a, sc_b, m_b, d)` with its integer products
-// (sub_block_products), the two rows' 6-bit scales and minimums, and their (d, dmin, d, dmin),
-// which it also returns.
-template <int PARTS = 2, typename Use>
+// with SLICES slices of activation rows (sub_block_products), the two rows' 6-bit scales and
+// minimums, and their (d, dmin, d, dmin), which it also returns.
+template <int PARTS = 2, int SLICES = 1, typename Use>
 static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage, int warp,
                                                            int group, int t, Use use) {
     const uint8_t *ra = stage + (MMT_ROWS * warp + group) * MMT_Q4_K_STRIDE;
@@ -217,8 +242,8 @@ static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage
 #pragma unroll
         for (unsigned high = 0; high < 2; high++) {
             const unsigned sub = 2 * chunk + high;
-            int ch[4], cl[4];
-            sub_block_products<PARTS>(stage, pa, pb, sub, group, t, ch, cl);
+            int ch[4 * SLICES], cl[4 * SLICES];
+            sub_block_products<PARTS, SLICES>(stage, pa, pb, sub, group, t, ch, cl);
             int sc_a, m_a, sc_b, m_b;
             scale_min_k4_words(qa, sub, &sc_a, &m_a);
             scale_min_k4_words(qb, sub, &sc_b, &m_b);
@@ -265,15 +290,16 @@ static __device__ __forceinline__ int q6_k_quants(unsigned ql, unsigned qh, unsi
 // turn of four super-blocks (32 sub-blocks, one per lane there) is a pairwise tree, sub-blocks
 // paired first, then pairs, and so on, the butterfly of its warp reduction, with +0 for absent
 // super-blocks; the turns of a range are added in order. SubBlockTree adds a super-block's
-// sub-blocks, TurnSums the super-blocks.
-struct SubBlockTree {
+// sub-blocks, TurnSums the super-blocks, each for a lane's OUTPUTS outputs.
+template <int OUTPUTS> struct SubBlockTree {
     // The pending nodes: the even sub-block, the first pair of four, the first four.
-    float even[4], pair[4], four[4];
+    float even[OUTPUTS], pair[OUTPUTS], four[OUTPUTS];
     // Takes sub-block `sub`'s values (sub-blocks in order); after the eighth, the super-block's
     // are in `value`.
-    __device__ __forceinline__ void add(unsigned sub, const float v[4], float value[4]) {
+    __device__ __forceinline__ void add(unsigned sub, const float v[OUTPUTS],
+                                        float value[OUTPUTS]) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < OUTPUTS; k++) {
             if (sub % 2 == 0) {
                 even[k] = v[k];
                 continue;
@@ -293,14 +319,14 @@ struct SubBlockTree {
     }
 };
 
-struct TurnSums {
-    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f}, even[4], pair[4];
+template <int OUTPUTS> struct TurnSums {
+    float total[OUTPUTS] = {}, even[OUTPUTS], pair[OUTPUTS];
     // The next super-block's place in its turn (the same in every lane of the block).
     int at = 0;
-    // Takes the four outputs' values of the next super-block.
-    __device__ __forceinline__ void add(const float value[4]) {
+    // Takes the outputs' values of the next super-block.
+    __device__ __forceinline__ void add(const float value[OUTPUTS]) {
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < OUTPUTS; k++) {
             if (at == 0 || at == 2) {
                 even[k] = value[k];
             } else if (at == 1) {
@@ -313,32 +339,39 @@ struct TurnSums {
     }
     // Completes a partial last turn.
     __device__ __forceinline__ void finish() {
-        const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const float zero[OUTPUTS] = {};
         while (at != 0) {
             add(zero);
         }
     }
 };
 
-// A staged Q4_K super-block's values for this lane's four outputs (rows `group` and group + 8
-// of the warp's 16, times activation rows 2t and 2t + 1 of the tile).
-template <int PARTS>
+// A staged Q4_K super-block's values for this lane's outputs: rows `group` and group + 8 of
+// the warp's 16 times activation rows 8 s + 2t and 8 s + 2t + 1 of each of the tile's SLICES
+// slices of eight, four per slice.
+template <int PARTS, int SLICES>
 static __device__ __forceinline__ void q4_k_superblock(const uint8_t *stage, int warp,
-                                                       int group, int t, float value[4]) {
-    const uint8_t *tile = stage + MMT_Q4_K_TILE;
-    const int got0 = 2 * t, got1 = got0 + 1;
-    SubBlockTree tree;
-    for_each_sub_block<PARTS>(stage, warp, group, t,
-                       [&](unsigned sub, const int ch[4], const int cl[4], int sc_a, int m_a,
+                                                       int group, int t, float *value) {
+    using Layout = TileLayout<MMT_TOKENS * SLICES>;
+    const uint8_t *scales = stage + MMT_Q4_K_TILE + Layout::SCALES;
+    SubBlockTree<4 * SLICES> tree;
+    for_each_sub_block<PARTS, SLICES>(stage, warp, group, t,
+                       [&](unsigned sub, const int *ch, const int *cl, int sc_a, int m_a,
                            int sc_b, int m_b, float4 d) {
-        const float4 s0 = *(const float4 *)(tile + MMT_SCALES + got0 * MMT_S_STRIDE + 16 * sub);
-        const float4 s1 = *(const float4 *)(tile + MMT_SCALES + got1 * MMT_S_STRIDE + 16 * sub);
-        const float sum0 = __fadd_rn(s0.z, s0.w), sum1 = __fadd_rn(s1.z, s1.w);
-        const float2 x0 = make_float2(s0.x, s0.y), x1 = make_float2(s1.x, s1.y);
-        const float v[4] = {q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x0, sum0, ch[0], cl[0]),
-                            q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x1, sum1, ch[1], cl[1]),
-                            q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x0, sum0, ch[2], cl[2]),
-                            q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x1, sum1, ch[3], cl[3])};
+        float v[4 * SLICES];
+#pragma unroll
+        for (int s = 0; s < SLICES; s++) {
+            const int got0 = MMT_TOKENS * s + 2 * t, got1 = got0 + 1;
+            const float4 s0 = *(const float4 *)(scales + got0 * MMT_S_STRIDE + 16 * sub);
+            const float4 s1 = *(const float4 *)(scales + got1 * MMT_S_STRIDE + 16 * sub);
+            const float sum0 = __fadd_rn(s0.z, s0.w), sum1 = __fadd_rn(s1.z, s1.w);
+            const float2 x0 = make_float2(s0.x, s0.y), x1 = make_float2(s1.x, s1.y);
+            const int *h = ch + 4 * s, *l = cl + 4 * s;
+            v[4 * s] = q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x0, sum0, h[0], l[0]);
+            v[4 * s + 1] = q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x1, sum1, h[1], l[1]);
+            v[4 * s + 2] = q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x0, sum0, h[2], l[2]);
+            v[4 * s + 3] = q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x1, sum1, h[3], l[3]);
+        }
         tree.add(sub, v, value);
     });
 }
@@ -370,14 +403,14 @@ static __device__ __forceinline__ unsigned staged_word(const uint8_t *row, unsig
     return __funnelshift_r(words[0], words[1], 8 * (at % 4));
 }
 
-// A staged Q6_K super-block's values for this lane's four outputs, as q4_k_superblock's. Lane
+// A staged Q6_K super-block's values for this lane's outputs, as q4_k_superblock's. Lane
 // (group, t) feeds columns 16h + 4t.. of each half h of a sub-block: the bytes at the same
 // places of its rows' low nibbles and high bit pairs, and of the activations.
-template <int PARTS>
+template <int PARTS, int SLICES>
 static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int warp,
-                                                       int group, int t, float value[4]) {
+                                                       int group, int t, float *value) {
+    using Layout = TileLayout<MMT_TOKENS * SLICES>;
     const uint8_t *tile = stage + MMT_Q6_K_TILE;
-    const int got0 = 2 * t, got1 = got0 + 1;
     const int in_a = MMT_ROWS * warp + group, in_b = in_a + 8;
     const uint8_t *ra = stage + in_a * MMT_Q6_K_STRIDE, *rb = stage + in_b * MMT_Q6_K_STRIDE;
     const unsigned skew_a = stage[MMT_Q6_K_SKEWS + in_a], skew_b = stage[MMT_Q6_K_SKEWS + in_b];
@@ -389,7 +422,7 @@ static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int
         scales_a[i] = staged_word(ra, skew_a + 192 + 4 * i);
         scales_b[i] = staged_word(rb, skew_b + 192 + 4 * i);
     }
-    SubBlockTree tree;
+    SubBlockTree<4 * SLICES> tree;
 #pragma unroll
     for (unsigned n = 0; n < 2; n++) {
         // Per half h: the high bit pairs, and the low nibbles of quarters 0 and 2 (s = 0) and
@@ -408,76 +441,91 @@ static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int
 #pragma unroll
         for (unsigned quarter = 0; quarter < 4; quarter++) {
             const unsigned sub = 4 * n + quarter;
-            const uint8_t *x = tile + MMT_X_HI + group * MMT_X_STRIDE + 32 * sub + 4 * t;
-            // Per half: the products with each part, then scaled by the half's scale.
-            int scaled_hi[4] = {0, 0, 0, 0}, scaled_lo[4] = {0, 0, 0, 0};
+            // Per half: the products with each part of each slice, then scaled by the half's
+            // scale; the weights' fragments decoded once for all slices.
+            int scaled_hi[4 * SLICES] = {}, scaled_lo[4 * SLICES] = {};
 #pragma unroll
             for (unsigned h = 0; h < 2; h++) {
-                int ch[4], cl[4] = {0, 0, 0, 0};
                 const int a = q6_k_quants(ql_a[quarter % 2][h], qh_a[h], quarter);
                 const int b = q6_k_quants(ql_b[quarter % 2][h], qh_b[h], quarter);
-                mma_k16(ch, a, b, *(const int *)(x + 16 * h));
-                if (PARTS == 2) {
-                    mma_k16(cl, a, b, *(const int *)(x + MMT_X_LO - MMT_X_HI + 16 * h));
-                }
                 const unsigned scale = 8 * n + 2 * quarter + h;
                 const int sc_a = (signed char)(scales_a[scale / 4] >> (8 * (scale % 4)));
                 const int sc_b = (signed char)(scales_b[scale / 4] >> (8 * (scale % 4)));
                 const int sc[4] = {sc_a, sc_a, sc_b, sc_b};
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    scaled_hi[k] += sc[k] * ch[k];
-                    scaled_lo[k] += sc[k] * cl[k];
+                for (int s = 0; s < SLICES; s++) {
+                    const uint8_t *x = tile + Layout::X_HI +
+                                       (MMT_TOKENS * s + group) * MMT_X_STRIDE + 32 * sub + 4 * t;
+                    int ch[4], cl[4] = {0, 0, 0, 0};
+                    mma_k16(ch, a, b, *(const int *)(x + 16 * h));
+                    if (PARTS == 2) {
+                        mma_k16(cl, a, b, *(const int *)(x + Layout::X_LO - Layout::X_HI + 16 * h));
+                    }
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        scaled_hi[4 * s + k] += sc[k] * ch[k];
+                        scaled_lo[4 * s + k] += sc[k] * cl[k];
+                    }
                 }
             }
-            const float4 s0 = *(const float4 *)(tile + MMT_SCALES + got0 * MMT_S_STRIDE + 16 * sub);
-            const float4 s1 = *(const float4 *)(tile + MMT_SCALES + got1 * MMT_S_STRIDE + 16 * sub);
-            const float2 xs[4] = {make_float2(s0.x, s0.y), make_float2(s1.x, s1.y),
-                                  make_float2(s0.x, s0.y), make_float2(s1.x, s1.y)};
-            float v[4];
+            float v[4 * SLICES];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[k] = q6_k_sub_block_value(d[k], xs[k], scaled_hi[k], scaled_lo[k]);
+            for (int s = 0; s < SLICES; s++) {
+                const int got0 = MMT_TOKENS * s + 2 * t, got1 = got0 + 1;
+                const uint8_t *scales = tile + Layout::SCALES + 16 * sub;
+                const float4 s0 = *(const float4 *)(scales + got0 * MMT_S_STRIDE);
+                const float4 s1 = *(const float4 *)(scales + got1 * MMT_S_STRIDE);
+                const float2 xs[4] = {make_float2(s0.x, s0.y), make_float2(s1.x, s1.y),
+                                      make_float2(s0.x, s0.y), make_float2(s1.x, s1.y)};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    v[4 * s + k] = q6_k_sub_block_value(d[k], xs[k], scaled_hi[4 * s + k],
+                                                        scaled_lo[4 * s + k]);
+                }
             }
             tree.add(sub, v, value);
         }
     }
 }
 
-// A tile of a format on the backend's activations (groups of 32), which a stage holds after
-// the format's weight rows (`WEIGHT_BYTES`): how a stage holds both, how a staged super-block
-// is multiplied (`superblock`), and how a lane's super-block values are added. The block below
-// takes it or any other such policy (tests/cuda/mmt measures others).
-template <int WEIGHT_BYTES, int PARTS,
+// A tile of TOKENS_ activation rows of a format on the backend's activations (groups of 32),
+// which a stage holds after the format's weight rows (`WEIGHT_BYTES`): how a stage holds both,
+// how a staged super-block is multiplied (`superblock`), and how a lane's super-block values
+// (TOKENS_ / 2 outputs) are added. The block below takes it or any other such policy
+// (tests/cuda/mmt measures others).
+template <int WEIGHT_BYTES, int PARTS, int TOKENS_,
           void (*stage_rows)(uint8_t *, const uint8_t *, int, int, unsigned long long, unsigned),
-          void (*superblock)(const uint8_t *, int, int, int, float[4])>
+          void (*superblock)(const uint8_t *, int, int, int, float *)>
 struct Tile32 {
     const signed char *hi, *lo;
     const float2 *scales;
     const float *sums;
-    static constexpr int STAGE_BYTES = WEIGHT_BYTES + MMT_TILE_BYTES;
-    using Sums = TurnSums;
+    static constexpr int TOKENS = TOKENS_;
+    static constexpr int STAGE_BYTES = WEIGHT_BYTES + TileLayout<TOKENS>::BYTES;
+    using Sums = TurnSums<TOKENS / 2>;
     static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,
                                          unsigned long long row_bytes, unsigned blk) {
         stage_rows(to, w, row0, rows, row_bytes, blk);
     }
     __device__ void stage(uint8_t *to, int cols, int t0, int tokens, unsigned blk) const {
-        stage_activations<PARTS>(to + WEIGHT_BYTES, hi, lo, scales, sums, cols, t0, tokens,
-                                 blk);
+        stage_activations<PARTS, TOKENS>(to + WEIGHT_BYTES, hi, lo, scales, sums, cols, t0,
+                                         tokens, blk);
     }
     __device__ void multiply(const uint8_t *stage, int warp, int group, int t,
                              Sums &into) const {
-        float value[4];
+        float value[TOKENS / 2];
         superblock(stage, warp, group, t, value);
         into.add(value);
     }
 };
 
-// A format's tile on activations quantized in PARTS parts.
-template <int PARTS>
-using Q4KTile = Tile32<MMT_Q4_K_TILE, PARTS, stage_q4_k_weights, q4_k_superblock<PARTS>>;
-template <int PARTS>
-using Q6KTile = Tile32<MMT_Q6_K_TILE, PARTS, stage_q6_k_weights, q6_k_superblock<PARTS>>;
+// A format's tile of TOKENS activation rows quantized in PARTS parts.
+template <int PARTS, int TOKENS>
+using Q4KTile = Tile32<MMT_Q4_K_TILE, PARTS, TOKENS, stage_q4_k_weights,
+                       q4_k_superblock<PARTS, TOKENS / MMT_TOKENS>>;
+template <int PARTS, int TOKENS>
+using Q6KTile = Tile32<MMT_Q6_K_TILE, PARTS, TOKENS, stage_q6_k_weights,
+                       q6_k_superblock<PARTS, TOKENS / MMT_TOKENS>>;
 
 // The row blocks of a part of `rows` rows.
 static __device__ __forceinline__ int row_blocks_of(int rows) {
@@ -513,7 +561,7 @@ static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPa
             part = third;
         }
     }
-    const int rows = part.rows, row0 = local * MMT_BLOCK_ROWS, t0 = tile * MMT_TOKENS;
+    const int rows = part.rows, row0 = local * MMT_BLOCK_ROWS, t0 = tile * Tile::TOKENS;
     const unsigned blocks = cols / 256, per_range = (blocks + ksplit - 1) / ksplit;
     const unsigned first = range * per_range, last_blk = min(blocks, first + per_range);
     const int n = last_blk > first ? (int)(last_blk - first) : 0;
@@ -548,26 +596,25 @@ static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPa
         x.multiply(stages + (i % MMT_STAGES) * Tile::STAGE_BYTES, warp, group, t, sums);
     }
     sums.finish();
-    float acc[4] = {sums.total[0], sums.total[1], sums.total[2], sums.total[3]};
-    const int got0 = 2 * t, got1 = got0 + 1;
-    const int in_block_a = MMT_ROWS * warp + group, in_block_b = in_block_a + 8;
-    const int row_a = row0 + in_block_a, row_b = row0 + in_block_b;
-    const int tok0 = t0 + got0, tok1 = t0 + got1;
-    const bool has[4] = {row_a < rows && tok0 < tokens, row_a < rows && tok1 < tokens,
-                         row_b < rows && tok0 < tokens, row_b < rows && tok1 < tokens};
-    const int row_of[4] = {row_a, row_a, row_b, row_b};
-    const size_t at[4] = {(size_t)tok0 * rows + row_a, (size_t)tok1 * rows + row_a,
-                          (size_t)tok0 * rows + row_b, (size_t)tok1 * rows + row_b};
+    // This lane's outputs: rows `group` and group + 8 of the warp's 16 times activation rows
+    // 8 s + 2t and 8 s + 2t + 1 of each slice s of the tile, as the mma lays them out.
+    constexpr int TOKENS = Tile::TOKENS, OUTPUTS = TOKENS / 2;
+    float acc[OUTPUTS];
+    int in_block[OUTPUTS], got[OUTPUTS];
+#pragma unroll
+    for (int k = 0; k < OUTPUTS; k++) {
+        acc[k] = sums.total[k];
+        in_block[k] = MMT_ROWS * warp + group + 8 * (k % 4 / 2);
+        got[k] = MMT_TOKENS * (k / 4) + 2 * t + k % 2;
+    }
     if (ksplit > 1) {
         // Partial sums: [tile][range][row block][row in block][activation row in tile].
-        const int slot[4] = {in_block_a * MMT_TOKENS + got0, in_block_a * MMT_TOKENS + got1,
-                             in_block_b * MMT_TOKENS + got0, in_block_b * MMT_TOKENS + got1};
-        const size_t range_len = (size_t)row_blocks * MMT_BLOCK_ROWS * MMT_TOKENS;
+        const size_t range_len = (size_t)row_blocks * MMT_BLOCK_ROWS * TOKENS;
         float *tile_partials = partials + (size_t)tile * ksplit * range_len +
-                               (size_t)row_block * MMT_BLOCK_ROWS * MMT_TOKENS;
+                               (size_t)row_block * MMT_BLOCK_ROWS * TOKENS;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            tile_partials[range * range_len + slot[k]] = acc[k];
+        for (int k = 0; k < OUTPUTS; k++) {
+            tile_partials[range * range_len + in_block[k] * TOKENS + got[k]] = acc[k];
         }
         __threadfence();
         __syncthreads();
@@ -581,10 +628,11 @@ static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPa
         }
         __threadfence();
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < OUTPUTS; k++) {
             float sum = 0.0f;
             for (int r = 0; r < ksplit; r++) {
-                sum = __fadd_rn(sum, __ldcg(tile_partials + r * range_len + slot[k]));
+                sum = __fadd_rn(sum, __ldcg(tile_partials + r * range_len +
+                                            in_block[k] * TOKENS + got[k]));
             }
             acc[k] = sum;
         }
@@ -593,9 +641,11 @@ static __device__ __forceinline__ void mmt_block(MatvecPart part, const MatvecPa
         }
     }
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        if (has[k]) {
-            part.out[at[k]] = part.bias ? __fadd_rn(acc[k], part.bias[row_of[k]]) : acc[k];
+    for (int k = 0; k < OUTPUTS; k++) {
+        const int row = row0 + in_block[k], tok = t0 + got[k];
+        if (row < rows && tok < tokens) {
+            part.out[(size_t)tok * rows + row] =
+                part.bias ? __fadd_rn(acc[k], part.bias[row]) : acc[k];
         }
     }
 }
@@ -1019,27 +1069,53 @@ template <int PARTS> struct Q6KRow {
 
 // The parameters of the streamed matmul's kernels: up to three matrices of `row_bytes` rows of
 // `cols` columns (MatvecPart's fields, absent ones empty) and `tokens` rows of quantized
-// activations; MMT_PARTS makes them MatvecParts.
+// activations; MMT_PARTS makes them MatvecParts, MMT_ARGS passes them on.
 #define MMT_PARAMS                                                                                 \
     const uint8_t *w0, int rows0, const float *bias0, float *out0, const uint8_t *w1, int rows1,   \
         const float *bias1, float *out1, const uint8_t *w2, int rows2, const float *bias2,         \
         float *out2, unsigned long long row_bytes, int cols, const signed char *x_hi,              \
         const signed char *x_lo, const float2 *x_scales, const float *x_sums, int tokens
 #define MMT_PARTS {w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, {w2, rows2, bias2, out2}
+#define MMT_ARGS                                                                                   \
+    w0, rows0, bias0, out0, w1, rows1, bias1, out1, w2, rows2, bias2, out2, row_bytes, cols, x_hi, \
+        x_lo, x_scales, x_sums, tokens
 
-// The streamed matmul of a format (its tiles, as mmt_<name>, its one-row kernel, as
-// mmt_row_<name>, that kernel with rows two per warp, as mmt_pair_<name>, and with a warp per
-// row cut into short ranges, as mmt_ranges_<name>) over up to three matrices. Each format has
+// The stages of a wide tile's kernel, `bytes` of them: its dynamic shared memory, of which the
+// host gives each launch MMT_WIDE_SHARED bytes. A launch given fewer would write past them, so
+// it stops with an error instead.
+static __device__ __forceinline__ uint8_t *wide_stages(unsigned bytes) {
+    extern __shared__ __align__(16) uint8_t dynamic_shared[];
+    unsigned given;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(given));
+    if (given < bytes) {
+        __trap();
+    }
+    return dynamic_shared;
+}
+
+// The streamed matmul of a format (its tiles, as mmt_<name>, its wide tiles, as
+// mmt_wide_<name>, its one-row kernel, as mmt_row_<name>, that kernel with rows two per warp,
+// as mmt_pair_<name>, and with a warp per row cut into short ranges, as mmt_ranges_<name>)
+// over up to three matrices, on activations quantized in PARTS parts. Each format has
 // instances for activations in two parts and in one (<name> ending in _single).
-#define MMT_INSTANCES(name, Tile, Row)                                                             \
+#define MMT_INSTANCES(name, Format, PARTS)                                                         \
     extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
         mmt_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {                  \
+        using Tile = Format##Tile<PARTS, MMT_TOKENS>;                                              \
         __shared__ __align__(16) uint8_t stages[MMT_STAGES * Tile::STAGE_BYTES];                   \
         mmt_block(MMT_PARTS, row_bytes, cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit,  \
                   partials, counters, stages);                                                     \
     }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
+        mmt_wide_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {             \
+        using Tile = Format##Tile<PARTS, MMT_WIDE_TOKENS>;                                         \
+        static_assert(MMT_STAGES * Tile::STAGE_BYTES <= MMT_WIDE_SHARED, "wide stages fit");       \
+        mmt_block(MMT_PARTS, row_bytes, cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit,  \
+                  partials, counters, wide_stages(MMT_STAGES * Tile::STAGE_BYTES));                \
+    }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                    \
         mmt_row_##name(MMT_PARAMS, int ksplit) {                                                   \
+        using Row = Format##Row<PARTS>;                                                            \
         if (tokens == 1) {                                                                         \
             mmt_row<Row, 1>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, 1, ksplit);  \
         } else {                                                                                   \
@@ -1049,11 +1125,12 @@ template <int PARTS> struct Q6KRow {
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                         \
         mmt_ranges_##name(MMT_PARAMS, int ksplit) {                                                \
-        mmt_row_ranges<Row, 2>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens,   \
-                               ksplit);                                                            \
+        mmt_row_ranges<Format##Row<PARTS>, 2>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales,    \
+                                              x_sums, tokens, ksplit);                             \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE, MMT_PAIR_BLOCKS)        \
         mmt_pair_##name(MMT_PARAMS) {                                                              \
+        using Row = Format##Row<PARTS>;                                                            \
         if (tokens == 1) {                                                                         \
             mmt_row_pair<Row, 1>(MMT_PARTS, row_bytes, cols, x_hi, x_lo, x_scales, x_sums, 1);     \
         } else {                                                                                   \
@@ -1061,61 +1138,81 @@ template <int PARTS> struct Q6KRow {
                                                 x_sums, tokens);                                   \
         }                                                                                          \
     }
-MMT_INSTANCES(q4_k, Q4KTile<2>, Q4KRow<2>)
-MMT_INSTANCES(q6_k, Q6KTile<2>, Q6KRow<2>)
-MMT_INSTANCES(q4_k_single, Q4KTile<1>, Q4KRow<1>)
-MMT_INSTANCES(q6_k_single, Q6KTile<1>, Q6KRow<1>)
+MMT_INSTANCES(q4_k, Q4K, 2)
+MMT_INSTANCES(q6_k, Q6K, 2)
+MMT_INSTANCES(q4_k_single, Q4K, 1)
+MMT_INSTANCES(q6_k_single, Q6K, 1)
 
 // The streamed matmul over three matrices of which the third is in another format (a Q4_K_M
 // file's q and k in Q4_K, and in half its layers v in Q6_K), so that they take one launch, as
-// mmv_q8_mixed does for the matvec: the tiles (mmt_mixed_<format>_<third format>) and, for
-// rows cut into ranges of at most two super-blocks, the host's only use of it, the one-row
-// kernel (mmt_ranges_mixed_...). A block (tiles) or warp (one row) runs its rows' format: the
-// first two parts' blocks see an empty third part with the third's row blocks, and the third's
-// an empty part with the first two's, so that every block finds its row block, range and tile,
-// and the partial sums their places, as in a launch of one format. The third's rows are
-// (cols / 256) * Third::BYTES long.
-#define MMT_MIXED_INSTANCES(name, Tile, Row, ThirdTile, ThirdRow)                                  \
+// mmv_q8_mixed does for the matvec: the tiles (mmt_mixed_<format>_<third format>, and
+// mmt_wide_mixed_... for wide tiles) and, for rows cut into ranges of at most two super-blocks,
+// the host's only use of it, the one-row kernel (mmt_ranges_mixed_...). A block (tiles) or warp
+// (one row) runs its rows' format: the first two parts' blocks see an empty third part with
+// the third's row blocks, and the third's an empty part with the first two's, so that every
+// block finds its row block, range and tile, and the partial sums their places, as in a launch
+// of one format. The third's rows are (cols / 256) * ThirdRow::BYTES long.
+template <typename Tile, typename ThirdTile, typename ThirdRow>
+static __device__ __forceinline__ void mmt_mixed_block(MMT_PARAMS, int ksplit, float *partials,
+                                                       unsigned *counters, uint8_t *stages) {
+    const int blocks_before = row_blocks_of(rows0) + row_blocks_of(rows1);
+    const int before_third = blocks_before * MMT_BLOCK_ROWS;
+    const int row_blocks = blocks_before + row_blocks_of(rows2);
+    const MatvecPart none = {nullptr, 0, nullptr, nullptr};
+    if ((int)(blockIdx.x % row_blocks) * MMT_BLOCK_ROWS < before_third) {
+        const MatvecPart after = {nullptr, row_blocks_of(rows2) * MMT_BLOCK_ROWS, nullptr,
+                                  nullptr};
+        mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, after, row_bytes, cols,
+                  Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials, counters,
+                  stages);
+    } else {
+        mmt_block({nullptr, before_third, nullptr, nullptr}, none, {w2, rows2, bias2, out2},
+                  (unsigned long long)(cols / 256) * ThirdRow::BYTES, cols,
+                  ThirdTile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials, counters,
+                  stages);
+    }
+}
+
+// The larger of two tiles' stages.
+template <typename A, typename B> __host__ __device__ constexpr int larger_stage() {
+    return A::STAGE_BYTES > B::STAGE_BYTES ? A::STAGE_BYTES : B::STAGE_BYTES;
+}
+
+#define MMT_MIXED_INSTANCES(name, Format, Third, PARTS)                                            \
     extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
         mmt_mixed_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {            \
-        constexpr int STAGE_BYTES = Tile::STAGE_BYTES > ThirdTile::STAGE_BYTES                     \
-                                        ? Tile::STAGE_BYTES                                        \
-                                        : ThirdTile::STAGE_BYTES;                                  \
-        __shared__ __align__(16) uint8_t stages[MMT_STAGES * STAGE_BYTES];                         \
-        const int blocks_before = row_blocks_of(rows0) + row_blocks_of(rows1);                     \
-        const int before_third = blocks_before * MMT_BLOCK_ROWS;                                   \
-        const int row_blocks = blocks_before + row_blocks_of(rows2);                               \
-        const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                    \
-        if ((int)(blockIdx.x % row_blocks) * MMT_BLOCK_ROWS < before_third) {                      \
-            const MatvecPart after = {nullptr, row_blocks_of(rows2) * MMT_BLOCK_ROWS,              \
-                                      nullptr, nullptr};                                           \
-            mmt_block({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, after, row_bytes,        \
-                      cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,          \
-                      counters, stages);                                                           \
-        } else {                                                                                   \
-            mmt_block({nullptr, before_third, nullptr, nullptr}, none,                             \
-                      {w2, rows2, bias2, out2},                                                    \
-                      (unsigned long long)(cols / 256) * ThirdRow::BYTES, cols,                    \
-                      ThirdTile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit, partials,           \
-                      counters, stages);                                                           \
-        }                                                                                          \
+        using Tile = Format##Tile<PARTS, MMT_TOKENS>;                                              \
+        using ThirdTile = Third##Tile<PARTS, MMT_TOKENS>;                                          \
+        __shared__ __align__(16) uint8_t stages[MMT_STAGES * larger_stage<Tile, ThirdTile>()];     \
+        mmt_mixed_block<Tile, ThirdTile, Third##Row<PARTS>>(MMT_ARGS, ksplit, partials, counters,  \
+                                                            stages);                               \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
+        mmt_wide_mixed_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {       \
+        using Tile = Format##Tile<PARTS, MMT_WIDE_TOKENS>;                                         \
+        using ThirdTile = Third##Tile<PARTS, MMT_WIDE_TOKENS>;                                     \
+        constexpr int BYTES = MMT_STAGES * larger_stage<Tile, ThirdTile>();                        \
+        static_assert(BYTES <= MMT_WIDE_SHARED, "wide stages fit");                                \
+        mmt_mixed_block<Tile, ThirdTile, Third##Row<PARTS>>(MMT_ARGS, ksplit, partials, counters,  \
+                                                            wide_stages(BYTES));                   \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                         \
         mmt_ranges_mixed_##name(MMT_PARAMS, int ksplit) {                                          \
         const int row = blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;           \
         const MatvecPart none = {nullptr, 0, nullptr, nullptr};                                    \
         if (row < rows0 + rows1) {                                                                 \
-            mmt_row_ranges<Row, 2>({w0, rows0, bias0, out0}, {w1, rows1, bias1, out1}, none,       \
-                                   row_bytes, cols, x_hi, x_lo, x_scales, x_sums, tokens,          \
-                                   ksplit);                                                        \
+            mmt_row_ranges<Format##Row<PARTS>, 2>({w0, rows0, bias0, out0},                        \
+                                                  {w1, rows1, bias1, out1}, none, row_bytes,       \
+                                                  cols, x_hi, x_lo, x_scales, x_sums, tokens,      \
+                                                  ksplit);                                         \
         } else {                                                                                   \
-            mmt_row_ranges<ThirdRow, 2>({nullptr, rows0 + rows1, nullptr, nullptr},                \
-                                        {w2, rows2, bias2, out2}, none,                            \
-                                        (unsigned long long)(cols / 256) * ThirdRow::BYTES,        \
-                                        cols, x_hi, x_lo, x_scales, x_sums, tokens, ksplit);       \
+            mmt_row_ranges<Third##Row<PARTS>, 2>(                                                  \
+                {nullptr, rows0 + rows1, nullptr, nullptr}, {w2, rows2, bias2, out2}, none,        \
+                (unsigned long long)(cols / 256) * Third##Row<PARTS>::BYTES, cols, x_hi, x_lo,     \
+                x_scales, x_sums, tokens, ksplit);                                                 \
         }                                                                                          \
     }
-MMT_MIXED_INSTANCES(q4_k_q6_k, Q4KTile<2>, Q4KRow<2>, Q6KTile<2>, Q6KRow<2>)
-MMT_MIXED_INSTANCES(q4_k_q6_k_single, Q4KTile<1>, Q4KRow<1>, Q6KTile<1>, Q6KRow<1>)
+MMT_MIXED_INSTANCES(q4_k_q6_k, Q4K, Q6K, 2)
+MMT_MIXED_INSTANCES(q4_k_q6_k_single, Q4K, Q6K, 1)
 
 #endif

@@ -14,8 +14,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{
-    CUdevice_attribute, CUgraphInstantiate_flags, CUlaunchAttribute, CUlaunchAttributeID,
-    CUlaunchAttributeValue, CUlaunchConfig, CUstreamCaptureMode,
+    CUdevice_attribute, CUfunction_attribute, CUgraphInstantiate_flags, CUlaunchAttribute,
+    CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig, CUstreamCaptureMode,
 };
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
@@ -101,6 +101,7 @@ impl Runtime for Cuda {
         function: &CudaFunction,
         grid: u32,
         block: u32,
+        shared_bytes: u32,
         args: &[KernelArg],
         overlap: bool,
     ) -> Result<(), String> {
@@ -117,7 +118,7 @@ impl Runtime for Cuda {
                     function.cu_function(),
                     (grid, 1, 1),
                     (block, 1, 1),
-                    0,
+                    shared_bytes,
                     self.stream.cu_stream(),
                     &mut params,
                 )
@@ -138,7 +139,7 @@ impl Runtime for Cuda {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: shared_bytes,
             hStream: self.stream.cu_stream(),
             attrs: &mut overlap,
             numAttrs: 1,
@@ -155,6 +156,16 @@ impl Runtime for Cuda {
         }
         .result()
         .map_err(|e| e.to_string())
+    }
+
+    fn allow_shared(&self, function: &CudaFunction, bytes: u32) -> Result<(), String> {
+        let bytes = i32::try_from(bytes).map_err(|_| format!("{bytes} bytes of shared memory"))?;
+        function
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+            .map_err(|e| e.to_string())
     }
 
     fn max_block_threads(&self, function: &CudaFunction) -> Result<u32, String> {

@@ -96,6 +96,9 @@ const HIP_STREAM_NON_BLOCKING: c_uint = 1;
 const HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// `hipFunction_attribute`'s first value (as CUDA's `CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`).
 const HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: c_int = 0;
+/// The shared memory (LDS) a workgroup may take on the RDNA3 and RDNA4 GPUs the HIP kernels
+/// are built for.
+const HIP_WORKGROUP_LDS: u32 = 64 * 1024;
 
 /// `Ok` for success, else the runtime's description of `code`.
 fn check(code: c_int) -> Result<(), String> {
@@ -266,6 +269,7 @@ impl Runtime for Hip {
         function: &HipFunction,
         grid: u32,
         block: u32,
+        shared_bytes: u32,
         args: &[KernelArg],
         // HIP has no launch that overlaps its predecessor: kernels run in turn.
         _overlap: bool,
@@ -282,12 +286,22 @@ impl Runtime for Hip {
                 block,
                 1,
                 1,
-                0,
+                shared_bytes,
                 self.stream,
                 params.as_mut_ptr(),
                 ptr::null_mut(),
             )
         })
+    }
+
+    fn allow_shared(&self, _function: &HipFunction, bytes: u32) -> Result<(), String> {
+        // A workgroup of these GPUs may take all of its 64 KiB of LDS unasked.
+        if bytes > HIP_WORKGROUP_LDS {
+            return Err(format!(
+                "{bytes} bytes of shared memory: a workgroup has {HIP_WORKGROUP_LDS}"
+            ));
+        }
+        Ok(())
     }
 
     fn max_block_threads(&self, function: &HipFunction) -> Result<u32, String> {

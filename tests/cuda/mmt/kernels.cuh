@@ -22,7 +22,7 @@ extern __shared__ __align__(16) uint8_t smem[];
 // and the float work is done once per super-block instead of once per sub-block.
 #define MMT4_STRIDE_SCALES 16
 #define MMT4_BSUMS_STRIDE 144
-#define MMT4_SCALES (MMT_Q4_K_TILE + MMT_X_LO + MMT_TOKENS * MMT_X_STRIDE)
+#define MMT4_SCALES (MMT_Q4_K_TILE + TileLayout<MMT_TOKENS>::X_LO + MMT_TOKENS * MMT_X_STRIDE)
 #define MMT4_BSUMS (MMT4_SCALES + MMT_TOKENS * MMT4_STRIDE_SCALES)
 #define MMT4_STAGE_BYTES (MMT4_BSUMS + MMT_TOKENS * MMT4_BSUMS_STRIDE)
 #define MMT4_SMEM (MMT_STAGES * MMT4_STAGE_BYTES)
@@ -75,7 +75,7 @@ static __device__ __forceinline__ void stage_activations_256(uint8_t *stage,
     for (int p = threadIdx.x; p < MMT_TOKENS * 32; p += blockDim.x) {
         const int tok = p / 32, part = (p / 16) % 2, piece = p % 16;
         if (t0 + tok < tokens) {
-            copy16_async(stage + MMT_Q4_K_TILE + (part ? MMT_X_LO : MMT_X_HI) +
+            copy16_async(stage + MMT_Q4_K_TILE + (part ? TileLayout<MMT_TOKENS>::X_LO : TileLayout<MMT_TOKENS>::X_HI) +
                              tok * MMT_X_STRIDE + 16 * piece,
                          (part ? x_lo : x_hi) + (size_t)(t0 + tok) * cols + 256 * blk +
                              16 * piece);
@@ -158,6 +158,7 @@ struct Activations256 {
     const signed char *hi, *lo;
     const float2 *scales;
     const int2 *bsums;
+    static constexpr int TOKENS = MMT_TOKENS;
     static constexpr int STAGE_BYTES = MMT4_STAGE_BYTES;
     using Sums = InOrderSums;
     static __device__ void stage_weights(uint8_t *to, const uint8_t *w, int row0, int rows,

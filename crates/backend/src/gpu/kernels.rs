@@ -184,6 +184,8 @@ impl<F> FormatKernels<F> {
 pub(crate) struct Streamed<F> {
     /// Tiles of activation rows on the tensor cores (`mmt_<format>`), for any number of rows.
     pub(crate) tiles: F,
+    /// Wide tiles (`mmt_wide_<format>`), for passes of more rows than a tile holds.
+    pub(crate) wide_tiles: F,
     /// One activation row (a decode step) through warp reductions (`mmt_row_<format>`).
     pub(crate) row: F,
     /// The same with rows two per warp (`mmt_pair_<format>`), for launches of many rows of
@@ -192,9 +194,9 @@ pub(crate) struct Streamed<F> {
     /// The same with a warp per row where the rows are cut into ranges of at most two
     /// super-blocks (`mmt_ranges_<format>`), two ranges a turn.
     pub(crate) ranges: F,
-    /// `tiles` and `ranges` over three matrices whose third is in the paired format
-    /// (`mmt_mixed_<this>_<that>`, `mmt_ranges_mixed_<this>_<that>`), for the pairs the images
-    /// have.
+    /// `tiles`, `wide_tiles` and `ranges` over three matrices whose third is in the paired
+    /// format (`mmt_mixed_<this>_<that>`, `mmt_wide_mixed_...`, `mmt_ranges_mixed_...`), for the
+    /// pairs the images have.
     pub(crate) mixed: Vec<(GgmlType, StreamedMixed<F>)>,
 }
 
@@ -203,6 +205,7 @@ pub(crate) struct Streamed<F> {
 /// backend launches it for.
 pub(crate) struct StreamedMixed<F> {
     pub(crate) tiles: F,
+    pub(crate) wide_tiles: F,
     pub(crate) ranges: F,
 }
 
@@ -249,11 +252,12 @@ impl<F> Kernels<F> {
                 let streamed = |precision: &str| {
                     let mmt = |name: String| function("mmt", &format!("{name}{precision}")).ok();
                     every(
-                        ["mmt", "mmt_row", "mmt_pair", "mmt_ranges"]
+                        ["mmt", "mmt_wide", "mmt_row", "mmt_pair", "mmt_ranges"]
                             .map(|instance| mmt(format!("{instance}_{suffix}"))),
                     )
-                    .map(|[tiles, row, pair, ranges]| Streamed {
+                    .map(|[tiles, wide_tiles, row, pair, ranges]| Streamed {
                         tiles,
+                        wide_tiles,
                         row,
                         pair,
                         ranges,
@@ -261,11 +265,18 @@ impl<F> Kernels<F> {
                             .iter()
                             .filter_map(|&third| {
                                 let pair = format!("{suffix}_{}", third.name().to_lowercase());
-                                let [tiles, ranges] = every(
-                                    ["mmt_mixed", "mmt_ranges_mixed"]
+                                let [tiles, wide_tiles, ranges] = every(
+                                    ["mmt_mixed", "mmt_wide_mixed", "mmt_ranges_mixed"]
                                         .map(|instance| mmt(format!("{instance}_{pair}"))),
                                 )?;
-                                Some((third, StreamedMixed { tiles, ranges }))
+                                Some((
+                                    third,
+                                    StreamedMixed {
+                                        tiles,
+                                        wide_tiles,
+                                        ranges,
+                                    },
+                                ))
                             })
                             .collect(),
                     })

@@ -142,6 +142,12 @@ const MMQ_THREADS: u32 = 8 * LANES;
 const MMT_WEIGHT_ROWS: usize = 64;
 /// Activation rows per block of the streamed matmul (`MMT_TOKENS`).
 const MMT_TILE_ROWS: usize = 8;
+/// Activation rows per block of the streamed matmul's wide tiles (`MMT_WIDE_TOKENS`), which
+/// passes of more than [`MMT_TILE_ROWS`] take.
+const MMT_WIDE_TILE_ROWS: usize = 16;
+/// The dynamic shared memory a block of the wide tiles is given (`MMT_WIDE_SHARED`; the kernel
+/// stops with an error if given less than its stages).
+const MMT_WIDE_SHARED_BYTES: u32 = 54 * 1024;
 /// Threads per block of the streamed matmul (`MMT_WARPS` warps).
 const MMT_THREADS: u32 = 4 * LANES;
 /// Columns per super-block of the formats the streamed matmul takes (the K-quants').
@@ -378,6 +384,11 @@ impl<R: Runtime> GpuBackend<R> {
                         MMT_THREADS / LANES,
                     ),
                     (
+                        format!("mmt_wide_{format}"),
+                        &streamed.wide_tiles,
+                        MMT_THREADS / LANES,
+                    ),
+                    (
                         format!("mmt_row_{format}"),
                         &streamed.row,
                         MMT_MAX_SPLIT as u32,
@@ -400,6 +411,11 @@ impl<R: Runtime> GpuBackend<R> {
                         (
                             format!("mmt_mixed_{pair}"),
                             &mixed.tiles,
+                            MMT_THREADS / LANES,
+                        ),
+                        (
+                            format!("mmt_wide_mixed_{pair}"),
+                            &mixed.wide_tiles,
                             MMT_THREADS / LANES,
                         ),
                         (
@@ -436,6 +452,19 @@ impl<R: Runtime> GpuBackend<R> {
                     "{device}: kernel {name} takes at most {most} warps per block, and needs \
                      {needed}"
                 )));
+            }
+        }
+        for (format, streamed) in kernels.mmts() {
+            let wide = std::iter::once(&streamed.wide_tiles)
+                .chain(streamed.mixed.iter().map(|(_, mixed)| &mixed.wide_tiles));
+            for kernel in wide {
+                runtime
+                    .allow_shared(kernel, MMT_WIDE_SHARED_BYTES)
+                    .map_err(|why| {
+                        unavailable::<R>(format!(
+                            "{device}: the wide tiles of the {format} streamed matmul: {why}"
+                        ))
+                    })?;
             }
         }
         let tuned = kernels
@@ -570,14 +599,32 @@ impl<R: Runtime> GpuBackend<R> {
         block: u32,
         args: &[KernelArg],
     ) -> Result<(), Error> {
+        self.launch_with_shared(op, function, grid, block, 0, args)
+    }
+
+    /// [`launch`](Self::launch) of a kernel that takes `shared_bytes` of dynamic shared memory
+    /// (allowed when the backend started).
+    fn launch_with_shared(
+        &self,
+        op: &'static str,
+        function: &R::Function,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg],
+    ) -> Result<(), Error> {
         if grid == 0 || self.skipped.op(op) {
             return Ok(());
         }
         let overlap = self.overlap.load(Ordering::Relaxed);
         // SAFETY: each call passes its kernel's parameters in the signature's order with its
-        // types (kernels/cuda/*.cu), and checked every size the kernel indexes with first.
-        unsafe { self.runtime.launch(function, grid, block, args, overlap) }
-            .map_err(device_error::<R>(op))
+        // types (kernels/cuda/*.cu), and checked every size the kernel indexes with first;
+        // the kernels that take dynamic shared memory are given what they declare they use.
+        unsafe {
+            self.runtime
+                .launch(function, grid, block, shared_bytes, args, overlap)
+        }
+        .map_err(device_error::<R>(op))
     }
 
     /// The most query heads of one KV head, up to the tuning's `attention_group`, that a block
@@ -1046,7 +1093,8 @@ impl<R: Runtime> GpuBackend<R> {
 
     /// One streamed matmul launch (kernels/cuda/mmt.cu) over `parts`, checked by the caller.
     /// On the tensor cores: a block per [`MMT_WEIGHT_ROWS`] weight rows of them all, range of
-    /// super-blocks ([`streamed_split`]) and tile of [`MMT_TILE_ROWS`] activation rows. Up to
+    /// super-blocks ([`streamed_split`]) and tile of activation rows ([`streamed_tile_rows`],
+    /// [`MMT_TILE_ROWS`] or [`MMT_WIDE_TILE_ROWS`]). Up to
     /// [`MMT_ROW_MAX_ROWS`] activation rows, through the one-row kernel, all at once: a warp
     /// per range of a weight row, [`MMT_ROW_WARPS`] rows per block without ranges (two rows per
     /// warp where [`streamed_pairs`] says), a block per row with them (a warp per row, two
@@ -1116,14 +1164,19 @@ impl<R: Runtime> GpuBackend<R> {
                 ),
             };
         }
-        let mmt = match kernels {
-            StreamedKernels::Format(streamed) => &streamed.tiles,
-            StreamedKernels::Mixed(mixed) => &mixed.tiles,
+        let tile_rows = streamed_tile_rows(rows);
+        let (mmt, shared_bytes) = match (kernels, tile_rows == MMT_WIDE_TILE_ROWS) {
+            (StreamedKernels::Format(streamed), false) => (&streamed.tiles, 0),
+            (StreamedKernels::Mixed(mixed), false) => (&mixed.tiles, 0),
+            (StreamedKernels::Format(streamed), true) => {
+                (&streamed.wide_tiles, MMT_WIDE_SHARED_BYTES)
+            }
+            (StreamedKernels::Mixed(mixed), true) => (&mixed.wide_tiles, MMT_WIDE_SHARED_BYTES),
         };
-        let tiles = rows.div_ceil(MMT_TILE_ROWS);
+        let tiles = rows.div_ceil(tile_rows);
         assert!(
             ksplit == 1
-                || (tiles * ksplit * row_blocks * MMT_WEIGHT_ROWS * MMT_TILE_ROWS
+                || (tiles * ksplit * row_blocks * MMT_WEIGHT_ROWS * tile_rows
                     <= scratch.partials.len
                     && tiles * row_blocks <= scratch.counters.len),
             "streamed matmul scratch smaller than its bound"
@@ -1133,7 +1186,7 @@ impl<R: Runtime> GpuBackend<R> {
             detail: format!("{rows} activation rows over {row_blocks} row blocks: too many blocks"),
         })?;
         args.extend([scratch.partials.arg(), scratch.counters.arg()]);
-        self.launch("matmul", mmt, grid, MMT_THREADS, &args)
+        self.launch_with_shared("matmul", mmt, grid, MMT_THREADS, shared_bytes, &args)
     }
 
     /// Makes [`f16_weights`](Self::f16_weights) hold a matrix of `rows` x `cols` (`name`).
@@ -2495,15 +2548,26 @@ fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize)
     ksplit
 }
 
+/// Activation rows per tile of a streamed matmul pass over `rows`: narrow tiles up to one's
+/// worth, wide ones past it.
+fn streamed_tile_rows(rows: usize) -> usize {
+    if rows > MMT_TILE_ROWS {
+        MMT_WIDE_TILE_ROWS
+    } else {
+        MMT_TILE_ROWS
+    }
+}
+
 /// The partial sums and counters a streamed matmul over `rows` activation rows needs at most,
 /// whatever its matrices ([`streamed_split`]): with ranges, a launch has fewer row blocks than
 /// `multiprocessors`, and fewer than [`MMT_SCRATCH_RANGES_PER_SM`] times that many row blocks
 /// times ranges.
 fn streamed_scratch_len(rows: usize, multiprocessors: usize) -> (usize, usize) {
-    let tiles = rows.div_ceil(MMT_TILE_ROWS);
+    // Narrow tiles' rows, or wide tiles' (as many or more).
+    let tiled_rows = rows.div_ceil(MMT_WIDE_TILE_ROWS) * MMT_WIDE_TILE_ROWS;
     (
-        tiles * MMT_TILE_ROWS * MMT_SCRATCH_RANGES_PER_SM * multiprocessors * MMT_WEIGHT_ROWS,
-        tiles * multiprocessors,
+        tiled_rows * MMT_SCRATCH_RANGES_PER_SM * multiprocessors * MMT_WEIGHT_ROWS,
+        rows.div_ceil(MMT_TILE_ROWS) * multiprocessors,
     )
 }
 
@@ -2733,10 +2797,11 @@ mod tests {
                     if ksplit == 1 {
                         continue;
                     }
-                    for rows in [1, 8, 9, 512] {
+                    for rows in [1, 8, 9, 17, 512] {
                         let (partials, counters) = streamed_scratch_len(rows, multiprocessors);
-                        let tiles = rows.div_ceil(MMT_TILE_ROWS);
-                        let used = tiles * ksplit * row_blocks * MMT_WEIGHT_ROWS * MMT_TILE_ROWS;
+                        let tile_rows = streamed_tile_rows(rows);
+                        let tiles = rows.div_ceil(tile_rows);
+                        let used = tiles * ksplit * row_blocks * MMT_WEIGHT_ROWS * tile_rows;
                         assert!(used <= partials && tiles * row_blocks <= counters);
                     }
                 }

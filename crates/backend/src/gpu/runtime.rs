@@ -38,21 +38,27 @@ pub trait Runtime: Send + Sync + Sized + sealed::Sealed + 'static {
     fn download(&self, src: &Self::Buffer, dst: &mut [u8]) -> Result<(), String>;
     /// Returns once the work queued so far has run.
     fn synchronize(&self) -> Result<(), String>;
-    /// Queues `function` over `grid` blocks of `block` threads. With `overlap`, where the
-    /// device can, the kernel may start before the one queued before it has finished: every
-    /// kernel waits for its predecessor before touching what it wrote (kernels/portable.cuh).
+    /// Queues `function` over `grid` blocks of `block` threads, each given `shared_bytes` of
+    /// dynamic shared memory. With `overlap`, where the device can, the kernel may start
+    /// before the one queued before it has finished: every kernel waits for its predecessor
+    /// before touching what it wrote (kernels/portable.cuh).
     ///
     /// # Safety
     /// `args` must match the kernel's parameters in number, order and type, and every address
-    /// and size among them must keep the kernel's accesses inside live buffers.
+    /// and size among them must keep the kernel's accesses inside live buffers; a kernel that
+    /// takes dynamic shared memory must be given what it uses.
     unsafe fn launch(
         &self,
         function: &Self::Function,
         grid: u32,
         block: u32,
+        shared_bytes: u32,
         args: &[KernelArg],
         overlap: bool,
     ) -> Result<(), String>;
+    /// Lets launches of `function` take `bytes` of dynamic shared memory, where the device
+    /// asks kernels to opt in beyond a default.
+    fn allow_shared(&self, function: &Self::Function, bytes: u32) -> Result<(), String>;
     /// The most threads a block of `function` may have on this device, as its registers and
     /// shared memory allow.
     fn max_block_threads(&self, function: &Self::Function) -> Result<u32, String>;
