@@ -10,8 +10,8 @@
 // logits do not depend on its batch), though not the matvec's bits.
 //
 // A block of MMT_WARPS warps takes MMT_BLOCK_ROWS weight rows, 16 per warp, and a tile of
-// MMT_TOKENS activation rows, or in passes of more rows a wide tile of MMT_WIDE_TOKENS (each
-// warp's mma then in two slices of eight, its weights decoded once). It streams the
+// MMT_TOKENS activation rows, or in large launches of more rows a wide tile of MMT_WIDE_TOKENS
+// (each warp's mma then in two slices of eight, its weights decoded once). It streams the
 // super-blocks of its K range through shared memory (cp.async, MMT_STAGES in flight): each
 // weight byte is read from global memory once per tile, in 16-byte pieces, and each warp loads
 // its mma fragments from shared memory, where rows are padded so that a warp's loads fall in
@@ -43,10 +43,10 @@
 // Weight rows per warp (the m16 of one mma), activation rows per tile (its n8).
 #define MMT_ROWS 16
 #define MMT_TOKENS 8
-// Activation rows per wide tile, the tiles of passes of more than MMT_TOKENS rows: a warp takes
-// two n8 slices of activation rows, each weight fragment, scale and minimum decoded once for
-// both, and a block stages its weight rows once for all sixteen (two tiles of eight staged
-// them twice and decoded them twice, and a pass of 9 rows cost an eighth more than one of 8).
+// Activation rows per wide tile, which the host gives large launches of passes of more than
+// MMT_TOKENS rows: a warp takes two n8 slices of activation rows, each weight fragment, scale
+// and minimum decoded once for both, and a block stages its weight rows once for all sixteen
+// (two tiles of eight stage and decode them twice each).
 #define MMT_WIDE_TOKENS 16
 #ifndef MMT_WARPS
 #define MMT_WARPS 4

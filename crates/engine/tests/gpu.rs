@@ -733,8 +733,8 @@ fn the_streamed_matmul_gives_a_row_the_same_bits_in_every_pass() {
     // per warp (the 1.5B's gate and up). In both formats the kernel has (Q6_K's 210-byte
     // blocks: rows of 1,260 and 7,350 bytes, at every 2-byte alignment), and as a Q4_K_M file
     // mixes them in q, k and v (Q4_K, Q4_K and Q6_K), in one launch. Passes of up to 8 rows
-    // take tiles of 8, longer ones tiles of 16 (9 and 16: one, partly filled or full; 17, 33
-    // and 40: several, the last partly filled).
+    // take tiles of 8; longer ones tiles of 16 where the launch is large enough (on 132 SMs,
+    // 5,000 rows from 9 rows on, q, k and v from 17), the last partly filled or full.
     const SHAPES: [(usize, &[usize]); 6] = [
         (1536, &[1536, 256, 256]),
         (1024, &[2048]),

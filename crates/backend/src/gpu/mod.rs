@@ -148,6 +148,12 @@ const MMT_WIDE_TILE_ROWS: usize = 16;
 /// The dynamic shared memory a block of the wide tiles is given (`MMT_WIDE_SHARED`; the kernel
 /// stops with an error if given less than its stages).
 const MMT_WIDE_SHARED_BYTES: u32 = 54 * 1024;
+/// Wide tiles halve a launch's blocks, and each takes longer: they paid where narrow tiles
+/// gave every SM two blocks or more. On an H100 (132 SMs) with the 1.5B, passes of 9 rows
+/// (ncu, `tests/gpu/pass-kernels`): the output (4,748 narrow blocks) 248 -> 157 us, the Q6_K
+/// down projection (432) 28.4 -> 23.7, gate and up (560) 27.5 -> 26.1; but q, k and v (256)
+/// 13.1 -> 21.0 and o (192) 11.0 -> 12.5.
+const MMT_WIDE_MIN_BLOCKS_PER_SM: usize = 2;
 /// Threads per block of the streamed matmul (`MMT_WARPS` warps).
 const MMT_THREADS: u32 = 4 * LANES;
 /// Columns per super-block of the formats the streamed matmul takes (the K-quants').
@@ -1164,7 +1170,7 @@ impl<R: Runtime> GpuBackend<R> {
                 ),
             };
         }
-        let tile_rows = streamed_tile_rows(rows);
+        let tile_rows = streamed_tile_rows(rows, ksplit * row_blocks, self.multiprocessors);
         let (mmt, shared_bytes) = match (kernels, tile_rows == MMT_WIDE_TILE_ROWS) {
             (StreamedKernels::Format(streamed), false) => (&streamed.tiles, 0),
             (StreamedKernels::Mixed(mixed), false) => (&mixed.tiles, 0),
@@ -2548,10 +2554,14 @@ fn streamed_split(row_blocks: usize, superblocks: usize, multiprocessors: usize)
     ksplit
 }
 
-/// Activation rows per tile of a streamed matmul pass over `rows`: narrow tiles up to one's
-/// worth, wide ones past it.
-fn streamed_tile_rows(rows: usize) -> usize {
-    if rows > MMT_TILE_ROWS {
+/// Activation rows per tile of a streamed matmul pass over `rows` whose launch has `blocks`
+/// blocks per tile (row blocks times ranges): wide tiles past a narrow tile's worth of rows
+/// where the narrow tiles would give every SM at least [`MMT_WIDE_MIN_BLOCKS_PER_SM`] blocks,
+/// so that halving them still fills the GPU; narrow ones elsewhere.
+fn streamed_tile_rows(rows: usize, blocks: usize, multiprocessors: usize) -> usize {
+    if rows > MMT_TILE_ROWS
+        && rows.div_ceil(MMT_TILE_ROWS) * blocks >= MMT_WIDE_MIN_BLOCKS_PER_SM * multiprocessors
+    {
         MMT_WIDE_TILE_ROWS
     } else {
         MMT_TILE_ROWS
@@ -2799,7 +2809,8 @@ mod tests {
                     }
                     for rows in [1, 8, 9, 17, 512] {
                         let (partials, counters) = streamed_scratch_len(rows, multiprocessors);
-                        let tile_rows = streamed_tile_rows(rows);
+                        let tile_rows =
+                            streamed_tile_rows(rows, ksplit * row_blocks, multiprocessors);
                         let tiles = rows.div_ceil(tile_rows);
                         let used = tiles * ksplit * row_blocks * MMT_WEIGHT_ROWS * tile_rows;
                         assert!(used <= partials && tiles * row_blocks <= counters);
