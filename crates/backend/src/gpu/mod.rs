@@ -143,7 +143,7 @@ const MMT_WEIGHT_ROWS: usize = 64;
 /// Activation rows per block of the streamed matmul (`MMT_TOKENS`).
 const MMT_TILE_ROWS: usize = 8;
 /// Activation rows per block of the streamed matmul's wide tiles (`MMT_WIDE_TOKENS`), which
-/// passes of more than [`MMT_TILE_ROWS`] take.
+/// large launches of passes of more than [`MMT_TILE_ROWS`] take ([`streamed_tile_rows`]).
 const MMT_WIDE_TILE_ROWS: usize = 16;
 /// The dynamic shared memory a block of the wide tiles is given (`MMT_WIDE_SHARED`; the kernel
 /// stops with an error if given less than its stages).
