@@ -15,8 +15,8 @@
 // super-blocks of its K range through shared memory (cp.async, MMT_STAGES in flight): each
 // weight byte is read from global memory once per tile, in 16-byte pieces, and each warp loads
 // its mma fragments from shared memory, where rows are padded so that a warp's loads fall in
-// distinct banks. A Q4_K sub-block of 32 columns is one
-// mma.sync m16n8k32 s8 per activation part; each lane feeds 8 consecutive columns (8 bytes of
+// distinct banks. A Q4_K sub-block of 32 columns is one mma.sync m16n8k32 s8 per activation
+// part; each lane feeds 8 consecutive columns (8 bytes of
 // activations, the matching nibbles of its two weight rows, 8 consecutive bytes of a Q4_K
 // block): where a column sits inside an mma is free as long as both sides agree. A Q6_K
 // sub-block has a scale per 16 columns, so it is an m16n8k16 per half and part, its quants
@@ -1080,14 +1080,15 @@ template <int PARTS> struct Q6KRow {
     w0, rows0, bias0, out0, w1, rows1, bias1, out1, w2, rows2, bias2, out2, row_bytes, cols, x_hi, \
         x_lo, x_scales, x_sums, tokens
 
-// The stages of a wide tile's kernel, `bytes` of them: its dynamic shared memory, of which the
-// host gives each launch MMT_WIDE_SHARED bytes. A launch given fewer would write past them, so
-// it stops with an error instead.
-static __device__ __forceinline__ uint8_t *wide_stages(unsigned bytes) {
+// The BYTES of stages of a wide tile's kernel: its dynamic shared memory, of which the host
+// gives each launch MMT_WIDE_SHARED bytes. A launch given fewer would write past them, so it
+// stops with an error instead.
+template <unsigned BYTES> static __device__ __forceinline__ uint8_t *wide_stages() {
+    static_assert(BYTES <= MMT_WIDE_SHARED, "a wide tile's stages fit the host's allowance");
     extern __shared__ __align__(16) uint8_t dynamic_shared[];
     unsigned given;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(given));
-    if (given < bytes) {
+    if (given < BYTES) {
         __trap();
     }
     return dynamic_shared;
@@ -1109,9 +1110,8 @@ static __device__ __forceinline__ uint8_t *wide_stages(unsigned bytes) {
     extern "C" __global__ void __launch_bounds__(MMT_WARPS *WARP_SIZE)                             \
         mmt_wide_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {             \
         using Tile = Format##Tile<PARTS, MMT_WIDE_TOKENS>;                                         \
-        static_assert(MMT_STAGES * Tile::STAGE_BYTES <= MMT_WIDE_SHARED, "wide stages fit");       \
         mmt_block(MMT_PARTS, row_bytes, cols, Tile{x_hi, x_lo, x_scales, x_sums}, tokens, ksplit,  \
-                  partials, counters, wide_stages(MMT_STAGES * Tile::STAGE_BYTES));                \
+                  partials, counters, wide_stages<MMT_STAGES * Tile::STAGE_BYTES>());              \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_MAX_RANGES *WARP_SIZE)                    \
         mmt_row_##name(MMT_PARAMS, int ksplit) {                                                   \
@@ -1191,10 +1191,9 @@ template <typename A, typename B> __host__ __device__ constexpr int larger_stage
         mmt_wide_mixed_##name(MMT_PARAMS, int ksplit, float *partials, unsigned *counters) {       \
         using Tile = Format##Tile<PARTS, MMT_WIDE_TOKENS>;                                         \
         using ThirdTile = Third##Tile<PARTS, MMT_WIDE_TOKENS>;                                     \
-        constexpr int BYTES = MMT_STAGES * larger_stage<Tile, ThirdTile>();                        \
-        static_assert(BYTES <= MMT_WIDE_SHARED, "wide stages fit");                                \
+        constexpr unsigned BYTES = MMT_STAGES * larger_stage<Tile, ThirdTile>();                   \
         mmt_mixed_block<Tile, ThirdTile, Third##Row<PARTS>>(MMT_ARGS, ksplit, partials, counters,  \
-                                                            wide_stages(BYTES));                   \
+                                                            wide_stages<BYTES>());                 \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMT_ROW_WARPS *WARP_SIZE)                         \
         mmt_ranges_mixed_##name(MMT_PARAMS, int ksplit) {                                          \

@@ -184,7 +184,8 @@ impl<F> FormatKernels<F> {
 pub(crate) struct Streamed<F> {
     /// Tiles of activation rows on the tensor cores (`mmt_<format>`), for any number of rows.
     pub(crate) tiles: F,
-    /// Wide tiles (`mmt_wide_<format>`), for passes of more rows than a tile holds.
+    /// Wide tiles (`mmt_wide_<format>`), for large launches of passes of more rows than a tile
+    /// holds.
     pub(crate) wide_tiles: F,
     /// One activation row (a decode step) through warp reductions (`mmt_row_<format>`).
     pub(crate) row: F,
