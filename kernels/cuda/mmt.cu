@@ -253,16 +253,23 @@ static __device__ __forceinline__ float4 for_each_sub_block(const uint8_t *stage
     return d;
 }
 
+// With one activation part (q8.cuh) d_lo is +0, so the low part's term of a value below is a
+// zero, and d_hi * (its high part's sum) is never -0 (d_hi is +0 only for a group of zeros, whose
+// sum is +0): adding the zero changes no bit, and the one-part values leave it out.
+
 // The value of one Q4_K sub-block of 32 weights times 32 activations: from the integer dot
 // products of its quants with each activation part (from BIASED_ZERO), its 6-bit scale and
 // minimum, the block's d and dmin, the activations' (d_hi, d_lo) and the sum of their 32
 // values. Spelled with rounding intrinsics: the streamed matmul and its one-row kernel compute
 // it alike.
+template <int PARTS>
 static __device__ __forceinline__ float q4_k_sub_block_value(float d, float dmin, float sc,
                                                             float m, float2 x, float x_sum,
                                                             int dot_hi, int dot_lo) {
     const float v =
-        __fmaf_rn(x.x, unbiased_float(dot_hi), __fmul_rn(x.y, unbiased_float(dot_lo)));
+        PARTS == 2
+            ? __fmaf_rn(x.x, unbiased_float(dot_hi), __fmul_rn(x.y, unbiased_float(dot_lo)))
+            : __fmul_rn(x.x, unbiased_float(dot_hi));
     return __fmaf_rn(__fmul_rn(d, sc), v, -__fmul_rn(__fmul_rn(dmin, m), x_sum));
 }
 
@@ -270,10 +277,12 @@ static __device__ __forceinline__ float q4_k_sub_block_value(float d, float dmin
 // activations' (d_hi, d_lo), and per part the halves' integer dot products (quants q - 32)
 // times their 8-bit scales, added: at most 2 * 16 * 32 * 128 * 128 = 2^24 in magnitude, so
 // converted exactly.
+template <int PARTS>
 static __device__ __forceinline__ float q6_k_sub_block_value(float d, float2 x, int scaled_hi,
                                                             int scaled_lo) {
-    return __fmul_rn(d, __fmaf_rn(x.x, __int2float_rn(scaled_hi),
-                                  __fmul_rn(x.y, __int2float_rn(scaled_lo))));
+    const float hi = __int2float_rn(scaled_hi);
+    return __fmul_rn(d, PARTS == 2 ? __fmaf_rn(x.x, hi, __fmul_rn(x.y, __int2float_rn(scaled_lo)))
+                                   : __fmul_rn(x.x, hi));
 }
 
 // Four quants of Q6_K quarter `quarter` of a half, as the signed bytes q - 32: from a word of
@@ -346,6 +355,27 @@ template <int OUTPUTS> struct TurnSums {
     }
 };
 
+// The activations of sub-block `sub` for this lane's outputs in slice `s` of a staged tile whose
+// scales and sums start at `scales`: activation rows 8 s + 2t and 8 s + 2t + 1, each one's
+// (d_hi, d_lo) and the sum of its 32 values.
+struct SubBlockActivations {
+    float2 x[2];
+    float sum[2];
+};
+static __device__ __forceinline__ SubBlockActivations sub_block_activations(const uint8_t *scales,
+                                                                           int s, int t,
+                                                                           unsigned sub) {
+    SubBlockActivations a;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int got = MMT_TOKENS * s + 2 * t + k;
+        const float4 v = *(const float4 *)(scales + got * MMT_S_STRIDE + 16 * sub);
+        a.x[k] = make_float2(v.x, v.y);
+        a.sum[k] = __fadd_rn(v.z, v.w);
+    }
+    return a;
+}
+
 // A staged Q4_K super-block's values for this lane's outputs: rows `group` and group + 8 of
 // the warp's 16 times activation rows 8 s + 2t and 8 s + 2t + 1 of each of the tile's SLICES
 // slices of eight, four per slice.
@@ -361,16 +391,16 @@ static __device__ __forceinline__ void q4_k_superblock(const uint8_t *stage, int
         float v[4 * SLICES];
 #pragma unroll
         for (int s = 0; s < SLICES; s++) {
-            const int got0 = MMT_TOKENS * s + 2 * t, got1 = got0 + 1;
-            const float4 s0 = *(const float4 *)(scales + got0 * MMT_S_STRIDE + 16 * sub);
-            const float4 s1 = *(const float4 *)(scales + got1 * MMT_S_STRIDE + 16 * sub);
-            const float sum0 = __fadd_rn(s0.z, s0.w), sum1 = __fadd_rn(s1.z, s1.w);
-            const float2 x0 = make_float2(s0.x, s0.y), x1 = make_float2(s1.x, s1.y);
+            const SubBlockActivations x = sub_block_activations(scales, s, t, sub);
             const int *h = ch + 4 * s, *l = cl + 4 * s;
-            v[4 * s] = q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x0, sum0, h[0], l[0]);
-            v[4 * s + 1] = q4_k_sub_block_value(d.x, d.y, sc_a, m_a, x1, sum1, h[1], l[1]);
-            v[4 * s + 2] = q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x0, sum0, h[2], l[2]);
-            v[4 * s + 3] = q4_k_sub_block_value(d.z, d.w, sc_b, m_b, x1, sum1, h[3], l[3]);
+            v[4 * s] = q4_k_sub_block_value<PARTS>(d.x, d.y, sc_a, m_a, x.x[0], x.sum[0], h[0],
+                                                   l[0]);
+            v[4 * s + 1] = q4_k_sub_block_value<PARTS>(d.x, d.y, sc_a, m_a, x.x[1], x.sum[1],
+                                                       h[1], l[1]);
+            v[4 * s + 2] = q4_k_sub_block_value<PARTS>(d.z, d.w, sc_b, m_b, x.x[0], x.sum[0],
+                                                       h[2], l[2]);
+            v[4 * s + 3] = q4_k_sub_block_value<PARTS>(d.z, d.w, sc_b, m_b, x.x[1], x.sum[1],
+                                                       h[3], l[3]);
         }
         tree.add(sub, v, value);
     });
@@ -471,16 +501,13 @@ static __device__ __forceinline__ void q6_k_superblock(const uint8_t *stage, int
             float v[4 * SLICES];
 #pragma unroll
             for (int s = 0; s < SLICES; s++) {
-                const int got0 = MMT_TOKENS * s + 2 * t, got1 = got0 + 1;
-                const uint8_t *scales = tile + Layout::SCALES + 16 * sub;
-                const float4 s0 = *(const float4 *)(scales + got0 * MMT_S_STRIDE);
-                const float4 s1 = *(const float4 *)(scales + got1 * MMT_S_STRIDE);
-                const float2 xs[4] = {make_float2(s0.x, s0.y), make_float2(s1.x, s1.y),
-                                      make_float2(s0.x, s0.y), make_float2(s1.x, s1.y)};
+                const SubBlockActivations x =
+                    sub_block_activations(tile + Layout::SCALES, s, t, sub);
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    v[4 * s + k] = q6_k_sub_block_value(d[k], xs[k], scaled_hi[4 * s + k],
-                                                        scaled_lo[4 * s + k]);
+                    v[4 * s + k] = q6_k_sub_block_value<PARTS>(d[k], x.x[k % 2],
+                                                               scaled_hi[4 * s + k],
+                                                               scaled_lo[4 * s + k]);
                 }
             }
             tree.add(sub, v, value);
@@ -1008,7 +1035,7 @@ template <int PARTS> struct Q4KRow {
             }
         }
         const unsigned shift = 4 * (sub % 2);
-        return q4_k_sub_block_value(half_of(w.d_dmin, false), half_of(w.d_dmin, true), w.sc,
+        return q4_k_sub_block_value<PARTS>(half_of(w.d_dmin, false), half_of(w.d_dmin, true), w.sc,
                                     w.m, x, __fadd_rn(sums[0], sums[1]),
                                     BIASED_ZERO + (dot_hi >> shift),
                                     BIASED_ZERO + (dot_lo >> shift));
@@ -1062,7 +1089,7 @@ template <int PARTS> struct Q6KRow {
                 dot_lo[i / 4] = DP4A(w.quants[i], l[i], dot_lo[i / 4]);
             }
         }
-        return q6_k_sub_block_value(w.d, x, w.sc_a * dot_hi[0] + w.sc_b * dot_hi[1],
+        return q6_k_sub_block_value<PARTS>(w.d, x, w.sc_a * dot_hi[0] + w.sc_b * dot_hi[1],
                                     w.sc_a * dot_lo[0] + w.sc_b * dot_lo[1]);
     }
 };
