@@ -1035,10 +1035,10 @@ template <int PARTS> struct Q4KRow {
             }
         }
         const unsigned shift = 4 * (sub % 2);
-        return q4_k_sub_block_value<PARTS>(half_of(w.d_dmin, false), half_of(w.d_dmin, true), w.sc,
-                                    w.m, x, __fadd_rn(sums[0], sums[1]),
-                                    BIASED_ZERO + (dot_hi >> shift),
-                                    BIASED_ZERO + (dot_lo >> shift));
+        return q4_k_sub_block_value<PARTS>(half_of(w.d_dmin, false), half_of(w.d_dmin, true),
+                                           w.sc, w.m, x, __fadd_rn(sums[0], sums[1]),
+                                           BIASED_ZERO + (dot_hi >> shift),
+                                           BIASED_ZERO + (dot_lo >> shift));
     }
 };
 
@@ -1090,7 +1090,7 @@ template <int PARTS> struct Q6KRow {
             }
         }
         return q6_k_sub_block_value<PARTS>(w.d, x, w.sc_a * dot_hi[0] + w.sc_b * dot_hi[1],
-                                    w.sc_a * dot_lo[0] + w.sc_b * dot_lo[1]);
+                                           w.sc_a * dot_lo[0] + w.sc_b * dot_lo[1]);
     }
 };
 
