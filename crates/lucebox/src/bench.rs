@@ -68,6 +68,9 @@ pub(crate) struct BenchArgs {
     /// five more code edits).
     #[arg(long)]
     prompt_file: Option<PathBuf>,
+    /// With --spec: only the prompts of these names (comma-separated).
+    #[arg(long, value_delimiter = ',', requires = "spec")]
+    prompt: Vec<String>,
     /// With --spec: the drafter model (a GGUF file or a catalogue name); with --serve, what
     /// `lucebox serve --draft` gets.
     #[arg(long)]
@@ -152,7 +155,8 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--prompt-file goes with --spec or --serve");
     }
     let prompts = if args.spec {
-        crate::spec_bench::prompt_set(args.prompt_file.as_deref())?
+        let prompts = crate::spec_bench::prompt_set(args.prompt_file.as_deref())?;
+        crate::spec_bench::named_prompts(prompts, &args.prompt)?
     } else {
         Vec::new()
     };

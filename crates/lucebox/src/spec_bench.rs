@@ -63,6 +63,27 @@ pub(crate) fn prompt_set(file: Option<&Path>) -> anyhow::Result<Vec<BenchPrompt>
     Ok(set.prompts)
 }
 
+/// The prompts named in `names`, in the set's order; all of them when `names` is empty.
+pub(crate) fn named_prompts(
+    prompts: Vec<BenchPrompt>,
+    names: &[String],
+) -> anyhow::Result<Vec<BenchPrompt>> {
+    if let Some(missing) = names
+        .iter()
+        .find(|n| !prompts.iter().any(|p| &p.name == *n))
+    {
+        let known: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
+        bail!(
+            "--prompt {missing}: no such prompt (the set has {})",
+            known.join(", ")
+        );
+    }
+    Ok(prompts
+        .into_iter()
+        .filter(|p| names.is_empty() || names.contains(&p.name))
+        .collect())
+}
+
 #[derive(Serialize)]
 struct Run {
     prompt: String,
