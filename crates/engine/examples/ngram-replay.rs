@@ -4,8 +4,10 @@
 //! drafter proposes up to k tokens for the output so far, the round keeps those equal to the
 //! output and one more token, and costs a pass over the draft and the pending token. Printed
 //! per prompt and k: the rounds, the tokens a round, and the speed over plain decoding that the
-//! pass costs give, beside an oracle that drafts only the tokens that will be accepted: what
-//! any control of the draft length could reach with this drafter, at most k tokens a round.
+//! pass costs give, beside an oracle that drafts only the tokens that will be accepted (what
+//! any control of the draft length could reach with this drafter, at most k tokens a round),
+//! and the drafter's time a look-up. The drafter spells tokens with the model's tokenizer, as
+//! the `lucebox` binary's does.
 //!
 //! The costs are milliseconds per pass of 1, 2, ... tokens, as `verify-cost` prints them; k
 //! runs to one less than their number. No model runs during the replay, so a change to the
@@ -18,9 +20,10 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use lucebox_backend::{ActivationPrecision, CpuBackend};
-use lucebox_engine::speculative::{Draft, DraftInput, Drafter, NgramDrafter, Proposal};
+use lucebox_engine::speculative::{Draft, DraftInput, Drafter, NgramDrafter, Proposal, Spelling};
 use lucebox_engine::{Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_gguf::GgufFile;
 use lucebox_model::Model;
@@ -51,6 +54,8 @@ struct Replay {
     /// Milliseconds of the passes the rounds take, and of the oracle's passes.
     ms: f64,
     oracle_ms: f64,
+    /// Time spent proposing.
+    look_up: Duration,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -75,15 +80,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prompts: PromptSet =
         toml::from_str(&prompts).map_err(|e| format!("{prompts_path}: {e}"))?;
     let file = Arc::new(GgufFile::open(&model_path).map_err(|e| format!("{model_path}: {e}"))?);
-    let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata())?);
     let template = ChatTemplate::from_gguf(file.metadata())?;
     let backend = Arc::new(CpuBackend::new(None)?);
     let model =
         Model::load_with_precision(backend, Arc::clone(&file), ActivationPrecision::Single)?;
     let mut session = Session::new(Arc::new(model), SessionConfig::default())?;
     println!(
-        "{:<16} {:>3} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7}",
-        "prompt", "k", "tokens", "rounds", "tok/rnd", "drafted", "accepted", "ratio", "oracle"
+        "{:<16} {:>3} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8}",
+        "prompt",
+        "k",
+        "tokens",
+        "rounds",
+        "tok/rnd",
+        "drafted",
+        "accepted",
+        "ratio",
+        "oracle",
+        "µs/look"
     );
     for prompt in &prompts.prompts {
         let text = if prompt.chat {
@@ -109,10 +123,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         )?;
         for k in 1..costs.len() {
-            let r = replay(&input, &output, k, &costs)?;
+            let r = replay(&input, &output, k, &costs, Arc::clone(&tokenizer) as _)?;
             let plain_ms = output.len() as f64 * costs[0];
             println!(
-                "{:<16} {k:>3} {:>7} {:>7} {:>8.2} {:>8} {:>8} {:>7.2} {:>7.2}",
+                "{:<16} {k:>3} {:>7} {:>7} {:>8.2} {:>8} {:>8} {:>7.2} {:>7.2} {:>8.1}",
                 prompt.name,
                 output.len(),
                 r.rounds,
@@ -121,6 +135,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.accepted,
                 plain_ms / r.ms,
                 plain_ms / r.oracle_ms,
+                r.look_up.as_secs_f64() * 1e6 / r.rounds as f64,
             );
         }
     }
@@ -134,8 +149,9 @@ fn replay(
     output: &[u32],
     k: usize,
     costs: &[f64],
+    spelling: Arc<dyn Spelling>,
 ) -> Result<Replay, Box<dyn std::error::Error>> {
-    let mut drafter = NgramDrafter::default();
+    let mut drafter = NgramDrafter::with_spelling(spelling);
     let mut sequence = input.to_vec();
     let mut r = Replay::default();
     let mut at = 0;
@@ -143,11 +159,13 @@ fn replay(
         sequence.truncate(input.len());
         sequence.extend_from_slice(&output[..at]);
         let mut draft = Draft::default();
+        let started = Instant::now();
         drafter.propose(&mut [Proposal {
             input: DraftInput::new(0, &sequence),
             max: k,
             draft: &mut draft,
         }])?;
+        r.look_up += started.elapsed();
         let drafted = draft.tokens();
         let accepted = drafted
             .iter()

@@ -15,6 +15,7 @@ use lucebox_engine::speculative::{
 use lucebox_engine::{Generator, Rng, Sampler, SamplingParams, Session, SessionConfig};
 use lucebox_gguf::{GgufFile, GgufWriter, Value};
 use lucebox_model::Model;
+use lucebox_tokenizer::Tokenizer;
 
 const TARGET: &str = "qwen2.5-coder-1.5b-instruct-q4_k_m";
 const DRAFTER: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m";
@@ -132,8 +133,10 @@ fn greedy_speculation_reproduces_plain_greedy_decoding_at_single_part_activation
     let setups: Vec<(&str, Box<dyn Drafter + Send>, DraftPolicy)> = vec![
         ("model, k=3", model_drafter(&drafter), DraftPolicy::Fixed(3)),
         (
-            "ngram, k=4",
-            Box::new(NgramDrafter::default()),
+            "ngram spelled, k=4",
+            Box::new(NgramDrafter::with_spelling(Arc::new(
+                Tokenizer::from_gguf(file.metadata()).unwrap(),
+            ))),
             DraftPolicy::Fixed(4),
         ),
     ];

@@ -75,7 +75,10 @@ impl SpeculationArgs {
         context: usize,
     ) -> anyhow::Result<Option<Box<dyn Drafter + Send>>> {
         if self.ngram {
-            return Ok(Some(Box::<NgramDrafter>::default()));
+            let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
+            return Ok(Some(Box::new(NgramDrafter::with_spelling(Arc::new(
+                tokenizer,
+            )))));
         }
         let Some(draft) = &self.draft else {
             return Ok(None);

@@ -447,7 +447,10 @@ fn load_on<B: Backend>(backend: &Arc<B>, settings: &Settings) -> anyhow::Result<
                 let model_drafter = ModelDrafter::with_config(drafter.model, config)?;
                 (Some(Box::new(model_drafter)), name)
             }
-            (None, Some("ngram")) => (Some(Box::<NgramDrafter>::default()), "ngram".into()),
+            (None, Some("ngram")) => {
+                let ngram = NgramDrafter::with_spelling(Arc::clone(&tokenizer) as _);
+                (Some(Box::new(ngram)), "ngram".into())
+            }
             (None, _) => (None, "none".into()),
         };
     let config = BatchConfig {

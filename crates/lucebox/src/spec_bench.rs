@@ -116,7 +116,8 @@ pub(crate) struct SpecBenchArgs<'a> {
 
 pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> anyhow::Result<()> {
     let policy = args.policy;
-    let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
+    let ngram = || Box::new(NgramDrafter::with_spelling(Arc::clone(&tokenizer) as _));
     let drafter = args
         .draft
         .map(|draft| load_drafter(draft, target))
@@ -143,13 +144,12 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
         let model = ModelDrafter::new(Arc::clone(&drafter.model), args.context)?;
         modes.push(("draft-model", speculative(Box::new(model), false)?));
     }
-    modes.push(("ngram", speculative(Box::<NgramDrafter>::default(), false)?));
+    modes.push(("ngram", speculative(ngram(), false)?));
     // Sampled where the logits are, n-gram drafts are verified there too: the same drafts
     // verified on the host, from the rows copied back, show what that saves.
     let greedy = args.params.is_plain_greedy();
     if !greedy && target.model.backend().samples_rows() {
-        let ngram = speculative(Box::<NgramDrafter>::default(), true)?;
-        modes.push(("ngram-host", ngram));
+        modes.push(("ngram-host", speculative(ngram(), true)?));
     }
 
     let mut runs = Vec::new();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use lucebox_backend::{Backend, BatchCapacity, TokenRole};
 use lucebox_model::Model;
 
+use super::renames::{Renames, Spelling, is_name_char};
 use crate::forward_state::ForwardState;
 use crate::{
     BlockPool, DEFAULT_BLOCK_TOKENS, Distribution, Error, Sampler, SamplingParams, SequenceBlocks,
@@ -663,11 +664,15 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
 /// lined up with the sequence backwards (`align`) across replaced runs; the best explanation
 /// of the copy (`Alignment::score`) wins, the latest of equals. Its continuation is drafted
 /// with the copy's replacements applied: an edit that renames something replaces every
-/// occurrence, and a draft that reached the next one unchanged would end there.
+/// occurrence, and a draft that reached the next one unchanged would end there. Given the
+/// tokenizer's spelling ([`with_spelling`](Self::with_spelling)), it also reads the
+/// replacements of the copy as identifier renames ([`Renames`]) and drafts every spelling of
+/// a renamed name with the new one.
 #[derive(Clone, Debug, Default)]
 pub struct NgramDrafter {
     /// A sequence followed by its draft so far, when a call continues one.
     scratch: Vec<u32>,
+    spelling: Option<Arc<dyn Spelling>>,
 }
 
 /// How many of the sequence's last tokens an earlier occurrence must repeat to be a candidate:
@@ -684,6 +689,10 @@ const SUBSTITUTED_WINDOW: usize = 8;
 /// How many of the window's tokens a substituted match may differ in: a renamed identifier
 /// is one or two tokens, and more differences match text that is merely alike.
 const SUBSTITUTIONS: usize = 2;
+
+/// How many tokens back from its end a copy's renames are read ([`renames`]): about a
+/// screenful of code.
+const RENAME_SPAN: usize = 512;
 
 /// How many tokens back from its end a copy is lined up with its source ([`align`]).
 const ALIGNED_SPAN: usize = 64;
@@ -723,6 +732,15 @@ impl Alignment {
 }
 
 impl NgramDrafter {
+    /// A drafter that also drafts renamed identifiers in every spelling of `spelling`'s
+    /// tokens.
+    pub fn with_spelling(spelling: Arc<dyn Spelling>) -> Self {
+        Self {
+            scratch: Vec::new(),
+            spelling: Some(spelling),
+        }
+    }
+
     /// Proposes up to `max` tokens to follow `tokens` into `draft`.
     fn look_up(&self, tokens: &[u32], max: usize, draft: &mut Draft) {
         if max == 0 || tokens.len() <= MATCHED_SUFFIX {
@@ -744,10 +762,49 @@ impl NgramDrafter {
             .into_iter()
             .map(|continuation| align(tokens, continuation))
             .min_by_key(|alignment| std::cmp::Reverse(alignment.score()));
-        if let Some(alignment) = best {
-            draft_continuation(tokens, alignment, max, draft);
+        let Some(alignment) = best else {
+            return;
+        };
+        let spelled = self.spelling.as_deref().map(|spelling| {
+            let renames = renames(tokens, alignment.continuation, spelling);
+            (spelling, renames)
+        });
+        let spelled = spelled
+            .as_ref()
+            .map(|(spelling, renames)| (*spelling, renames));
+        draft_continuation(tokens, alignment, max, spelled, draft);
+    }
+}
+
+/// The identifiers the copy ending the sequence renamed, read from its replacements over
+/// [`RENAME_SPAN`] tokens of its line-up with the source whose continuation starts at
+/// `continuation`. A rename is made once and then repeated, and its first occurrence lies
+/// further back than the replacements the draft carries ([`ALIGNED_SPAN`], where each
+/// occurrence counts): the code edit's `calc` was renamed 80 tokens before its next use.
+fn renames(tokens: &[u32], continuation: usize, spelling: &dyn Spelling) -> Renames {
+    let mut renames = Renames::default();
+    let alignment = align_over(tokens, continuation, RENAME_SPAN, Count::Kinds);
+    if alignment.score() <= 0 {
+        return renames;
+    }
+    let text = |run: &Range<usize>| {
+        let mut bytes = Vec::new();
+        for &token in &tokens[run.clone()] {
+            bytes.extend_from_slice(spelling.bytes(token)?);
+        }
+        String::from_utf8(bytes).ok()
+    };
+    // A replacement at the very end may be a new name only partly written.
+    for r in alignment
+        .replacements
+        .iter()
+        .filter(|r| r.copy.end < tokens.len())
+    {
+        if let (Some(source), Some(copy)) = (text(&r.source), text(&r.copy)) {
+            renames.learn(&source, &copy);
         }
     }
+    renames
 }
 
 /// Lines the source ending at `continuation` up with the copy at the sequence's end, back
@@ -756,6 +813,20 @@ impl NgramDrafter {
 /// them equal is a replacement; the line-up stops where there is none within
 /// [`REPLACED_RUN`] tokens, or after [`REPLACEMENTS`].
 fn align(tokens: &[u32], continuation: usize) -> Alignment {
+    align_over(tokens, continuation, ALIGNED_SPAN, Count::Occurrences)
+}
+
+/// What the limit of [`REPLACEMENTS`] counts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Count {
+    /// Every replacement.
+    Occurrences,
+    /// Each pair of replaced and replacing runs once, however often it recurs.
+    Kinds,
+}
+
+/// [`align`] over at most `span` tokens, its replacements counted as `count` says.
+fn align_over(tokens: &[u32], continuation: usize, span: usize, count: Count) -> Alignment {
     let (mut source, mut copy) = (continuation, tokens.len());
     let mut alignment = Alignment {
         continuation,
@@ -763,7 +834,8 @@ fn align(tokens: &[u32], continuation: usize) -> Alignment {
         replacements: Vec::new(),
     };
     let mut walked = 0;
-    while walked < ALIGNED_SPAN && source > 0 {
+    let mut kinds = 0;
+    while walked < span && source > 0 {
         if tokens[source - 1] == tokens[copy - 1] {
             source -= 1;
             copy -= 1;
@@ -771,7 +843,7 @@ fn align(tokens: &[u32], continuation: usize) -> Alignment {
             walked += 1;
             continue;
         }
-        if alignment.replacements.len() == REPLACEMENTS {
+        if kinds == REPLACEMENTS {
             break;
         }
         let Some((replaced, by)) = resynchronisation(tokens, source, copy) else {
@@ -779,10 +851,18 @@ fn align(tokens: &[u32], continuation: usize) -> Alignment {
         };
         // An insertion lines the two up but has nothing to replace in a continuation.
         if replaced > 0 {
-            alignment.replacements.push(Replacement {
+            let replacement = Replacement {
                 source: source - replaced..source,
                 copy: copy - by..copy,
-            });
+            };
+            let same_kind = |r: &Replacement| {
+                tokens[r.source.clone()] == tokens[replacement.source.clone()]
+                    && tokens[r.copy.clone()] == tokens[replacement.copy.clone()]
+            };
+            if count == Count::Occurrences || !alignment.replacements.iter().any(same_kind) {
+                kinds += 1;
+            }
+            alignment.replacements.push(replacement);
         }
         source -= replaced;
         copy -= by;
@@ -806,8 +886,15 @@ fn resynchronisation(tokens: &[u32], source: usize, copy: usize) -> Option<(usiz
 }
 
 /// Drafts up to `max` tokens of the source's continuation, each run a replacement took out of
-/// the source put as the copy has it instead (the longest run first, then the latest).
-fn draft_continuation(tokens: &[u32], mut alignment: Alignment, max: usize, draft: &mut Draft) {
+/// the source put as the copy has it instead (the longest run first, then the latest), and
+/// with `spelled`, each other token that holds a renamed identifier spelled with the new name.
+fn draft_continuation(
+    tokens: &[u32],
+    mut alignment: Alignment,
+    max: usize,
+    spelled: Option<(&dyn Spelling, &Renames)>,
+    draft: &mut Draft,
+) {
     alignment
         .replacements
         .sort_by_key(|r| std::cmp::Reverse(r.source.len()));
@@ -818,9 +905,16 @@ fn draft_continuation(tokens: &[u32], mut alignment: Alignment, max: usize, draf
             .replacements
             .iter()
             .find(|r| tokens[at..].starts_with(&tokens[r.source.clone()]));
+        let respelled;
         let (taken, put) = match replacement {
             Some(r) => (r.source.len(), &tokens[r.copy.clone()]),
-            None => (1, &tokens[at..=at]),
+            None => match spelled.and_then(|spelled| respell(tokens, at, spelled)) {
+                Some(tokens) => {
+                    respelled = tokens;
+                    (1, &respelled[..])
+                }
+                None => (1, &tokens[at..=at]),
+            },
         };
         let fitting = &put[..put.len().min(max - proposed)];
         for &token in fitting {
@@ -829,6 +923,34 @@ fn draft_continuation(tokens: &[u32], mut alignment: Alignment, max: usize, draf
         proposed += fitting.len();
         at += taken;
     }
+}
+
+/// Token `at` spelled with its renamed identifiers, when it holds one whole.
+fn respell(
+    tokens: &[u32],
+    at: usize,
+    (spelling, renames): (&dyn Spelling, &Renames),
+) -> Option<Vec<u32>> {
+    if renames.is_empty() {
+        return None;
+    }
+    let text = std::str::from_utf8(spelling.bytes(tokens[at])?).ok()?;
+    let neighbour = |i: usize| {
+        tokens
+            .get(i)
+            .and_then(|&t| spelling.bytes(t))
+            .unwrap_or_default()
+    };
+    let name_at = |bytes: &[u8], end: bool| {
+        let byte = if end { bytes.last() } else { bytes.first() };
+        // A byte of a multibyte character counts as part of a name: left alone, not renamed.
+        byte.is_some_and(|&b| !b.is_ascii() || is_name_char(char::from(b)))
+    };
+    let continued_before =
+        at > 0 && name_at(text.as_bytes(), false) && name_at(neighbour(at - 1), true);
+    let continues_after = name_at(text.as_bytes(), true) && name_at(neighbour(at + 1), false);
+    let renamed = renames.apply(text, continued_before, continues_after)?;
+    Some(spelling.encode(&renamed))
 }
 
 /// Where the continuation of the earlier run closest to the last [`SUBSTITUTED_WINDOW`] tokens
@@ -954,6 +1076,56 @@ mod tests {
         let copy = [10, 11, 99, 13, 14, 97, 15, 16];
         let tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
         assert_eq!(ngram(&tokens, 1), [97]);
+    }
+
+    /// A vocabulary of whole strings, encoded by longest match.
+    struct Vocabulary(&'static [&'static str]);
+
+    impl Spelling for Vocabulary {
+        fn bytes(&self, token: u32) -> Option<&[u8]> {
+            self.0.get(token as usize).map(|s| s.as_bytes())
+        }
+
+        fn encode(&self, mut text: &str) -> Vec<u32> {
+            let mut tokens = Vec::new();
+            while let Some((id, word)) = (0..self.0.len())
+                .map(|id| (id, self.0[id]))
+                .filter(|(_, word)| text.starts_with(word))
+                .max_by_key(|(_, word)| word.len())
+            {
+                tokens.push(id as u32);
+                text = &text[word.len()..];
+            }
+            tokens
+        }
+    }
+
+    const CODE: &[&str] = &[
+        "def", " calc", "(xs", "):\n", " return", " xs", "\n", "(items", " items", "_total",
+    ];
+
+    fn spelled_ngram(tokens: &[u32], max: usize) -> Vec<u32> {
+        let mut draft = Draft::default();
+        let proposal = Proposal {
+            input: DraftInput::new(0, tokens),
+            max,
+            draft: &mut draft,
+        };
+        let mut drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(CODE)));
+        drafter.propose(&mut [proposal]).unwrap();
+        draft.tokens().to_vec()
+    }
+
+    #[test]
+    fn ngram_drafts_a_renamed_identifier_in_its_other_spellings() {
+        // `def calc(xs):\n return xs\n` copied with `(xs` as `(items`: the token ` xs` was
+        // never replaced, but it holds the renamed identifier.
+        let tokens = [0, 1, 2, 3, 4, 5, 6, 0, 1, 7, 3, 4];
+        assert_eq!(ngram(&tokens, 2), [5, 6]);
+        assert_eq!(spelled_ngram(&tokens, 2), [8, 6]);
+        // `xs_total` is another name: ` xs` followed by `_total` stays.
+        let tokens = [0, 1, 2, 3, 4, 5, 9, 6, 0, 1, 7, 3, 4];
+        assert_eq!(spelled_ngram(&tokens, 2), [5, 9]);
     }
 
     #[test]

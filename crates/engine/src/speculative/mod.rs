@@ -38,6 +38,7 @@
 mod adaptive;
 mod batch;
 mod drafter;
+mod renames;
 mod stats;
 
 use std::ops::ControlFlow;
@@ -52,6 +53,7 @@ pub(crate) use batch::{DraftPrice, Offer, Pass, allot};
 pub use drafter::{
     Draft, DraftInput, Drafter, DrafterConfig, ModelDrafter, NgramDrafter, Proposal,
 };
+pub use renames::Spelling;
 pub use stats::SpecStats;
 
 use crate::session::TokenSink;
