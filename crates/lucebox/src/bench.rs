@@ -68,9 +68,6 @@ pub(crate) struct BenchArgs {
     /// five more code edits).
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// With --spec: only the prompts of these names (comma-separated).
-    #[arg(long, value_delimiter = ',', requires = "spec")]
-    prompt: Vec<String>,
     /// With --spec: the drafter model (a GGUF file or a catalogue name); with --serve, what
     /// `lucebox serve --draft` gets.
     #[arg(long)]
@@ -104,9 +101,9 @@ pub(crate) struct BenchArgs {
     /// With --serve: the most tokens per request (the prompt set's own limits also apply).
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
-    /// With --serve: send only these prompts of the set, by name (`code-edit,prose`)
-    /// [default: all of them in turn].
-    #[arg(long, requires = "serve", value_delimiter = ',')]
+    /// With --spec or --serve: only these prompts of the set, by name (`code-edit,prose`)
+    /// [default: all of them, in turn].
+    #[arg(long, value_delimiter = ',')]
     prompts: Vec<String>,
     /// Decode with this many sequences at once, one level after another, through the batch
     /// engine: each sequence's --prompt-tokens are prefilled, then --gen-tokens steps timed
@@ -154,9 +151,12 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.prompt_file.is_some() && !args.spec {
         bail!("--prompt-file goes with --spec or --serve");
     }
+    if !args.prompts.is_empty() && !args.spec {
+        bail!("--prompts goes with --spec or --serve");
+    }
     let prompts = if args.spec {
         let prompts = crate::spec_bench::prompt_set(args.prompt_file.as_deref())?;
-        crate::spec_bench::named_prompts(prompts, &args.prompt)?
+        crate::spec_bench::named_prompts(prompts, &args.prompts)?
     } else {
         Vec::new()
     };

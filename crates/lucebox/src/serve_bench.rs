@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::load::{Activations, Device, TuningArgs};
-use crate::spec_bench::{BenchPrompt, prompt_set};
+use crate::spec_bench::{BenchPrompt, named_prompts, prompt_set};
 
 /// What to load and how.
 pub(crate) struct ServeBenchArgs<'a> {
@@ -92,21 +92,7 @@ pub(crate) fn run(args: ServeBenchArgs<'_>) -> anyhow::Result<()> {
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
-    let mut prompts = prompt_set(args.prompt_file)?;
-    if let Some(unknown) = args
-        .prompts
-        .iter()
-        .find(|name| !prompts.iter().any(|p| &p.name == *name))
-    {
-        let known: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
-        bail!(
-            "--prompts: no prompt {unknown:?} in the set ({})",
-            known.join(", ")
-        );
-    }
-    if !args.prompts.is_empty() {
-        prompts.retain(|p| args.prompts.contains(&p.name));
-    }
+    let prompts = named_prompts(prompt_set(args.prompt_file)?, args.prompts)?;
     let (base, _server) = match args.url {
         Some(url) => (url.trim_end_matches('/').to_owned(), None),
         None => {

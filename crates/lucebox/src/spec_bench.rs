@@ -74,7 +74,7 @@ pub(crate) fn named_prompts(
     {
         let known: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
         bail!(
-            "--prompt {missing}: no such prompt (the set has {})",
+            "--prompts: no prompt {missing:?} in the set ({})",
             known.join(", ")
         );
     }

@@ -120,8 +120,12 @@ fn unknown_models_and_bad_flags_are_refused_before_any_work() {
     too_long.extend(["--draft-tokens", "17"]);
     assert_one_line_error(&too_long, "--draft-tokens 17 is not between 1 and 16");
     let mut unknown = spec.to_vec();
-    unknown.extend(["--prompt", "a,b"]);
-    assert_one_line_error(&unknown, "--prompt b: no such prompt (the set has a)");
+    unknown.extend(["--prompts", "a,b"]);
+    assert_one_line_error(&unknown, "--prompts: no prompt \"b\" in the set (a)");
+    assert_one_line_error(
+        &["bench", "--model", "x", "--prompts", "a"],
+        "--prompts goes with --spec or --serve",
+    );
     assert_one_line_error(&["fetch"], "--all");
     assert_one_line_error(&["fetch", "no-such-model"], "no-such-model");
     assert_one_line_error(

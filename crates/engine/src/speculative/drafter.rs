@@ -1015,13 +1015,18 @@ mod tests {
     use super::*;
 
     fn ngram(tokens: &[u32], max: usize) -> Vec<u32> {
+        propose(NgramDrafter::default(), tokens, max)
+    }
+
+    /// What `drafter` proposes, at most `max` tokens, to follow `tokens`.
+    fn propose(mut drafter: NgramDrafter, tokens: &[u32], max: usize) -> Vec<u32> {
         let mut draft = Draft::default();
         let proposal = Proposal {
             input: DraftInput::new(0, tokens),
             max,
             draft: &mut draft,
         };
-        NgramDrafter::default().propose(&mut [proposal]).unwrap();
+        drafter.propose(&mut [proposal]).unwrap();
         draft.tokens().to_vec()
     }
 
@@ -1105,15 +1110,11 @@ mod tests {
     ];
 
     fn spelled_ngram(tokens: &[u32], max: usize) -> Vec<u32> {
-        let mut draft = Draft::default();
-        let proposal = Proposal {
-            input: DraftInput::new(0, tokens),
+        propose(
+            NgramDrafter::with_spelling(Arc::new(Vocabulary(CODE))),
+            tokens,
             max,
-            draft: &mut draft,
-        };
-        let mut drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(CODE)));
-        drafter.propose(&mut [proposal]).unwrap();
-        draft.tokens().to_vec()
+        )
     }
 
     #[test]
