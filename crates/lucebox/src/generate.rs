@@ -68,17 +68,17 @@ pub(crate) struct SpeculationArgs {
 }
 
 impl SpeculationArgs {
-    /// The drafter these flags ask for, checked against the target, if any.
+    /// The drafter these flags ask for, checked against the target, if any; an n-gram drafter
+    /// spells tokens as `tokenizer`, the target's, does.
     pub(crate) fn drafter(
         &self,
         target: &Loaded,
+        tokenizer: &Arc<Tokenizer>,
         context: usize,
     ) -> anyhow::Result<Option<Box<dyn Drafter + Send>>> {
         if self.ngram {
-            let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
-            return Ok(Some(Box::new(NgramDrafter::with_spelling(Arc::new(
-                tokenizer,
-            )))));
+            let ngram = NgramDrafter::with_spelling(Arc::clone(tokenizer) as _);
+            return Ok(Some(Box::new(ngram)));
         }
         let Some(draft) = &self.draft else {
             return Ok(None);
@@ -173,7 +173,7 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let policy = args.speculation.policy()?;
     let backend = cpu_backend(args.threads)?;
     let target = load_model(&args.model, &backend, args.activations.into()).context("--model")?;
-    let tokenizer = Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
     let prompt = prompt_tokens(
         &target,
         &tokenizer,
@@ -185,7 +185,10 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         context: args.context,
         ..SessionConfig::default()
     };
-    let mut generator: Box<dyn Generator> = match args.speculation.drafter(&target, args.context)? {
+    let drafter = args
+        .speculation
+        .drafter(&target, &tokenizer, args.context)?;
+    let mut generator: Box<dyn Generator> = match drafter {
         Some(drafter) => Box::new(Speculator::new(
             Arc::clone(&target.model),
             config,
@@ -195,7 +198,7 @@ pub(crate) fn run(args: GenerateArgs) -> anyhow::Result<()> {
         None => Box::new(Session::new(Arc::clone(&target.model), config)?),
     };
     let mut sampler = Sampler::new(params);
-    let mut decoder = StreamDecoder::new(&tokenizer, true);
+    let mut decoder = StreamDecoder::new(&*tokenizer, true);
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
     let (stats, spec) = generator.generate(
