@@ -79,6 +79,18 @@ pub(crate) struct BenchArgs {
     /// With --spec: always draft --draft-tokens tokens instead of adapting.
     #[arg(long, requires = "spec")]
     fixed_draft: bool,
+    /// With --spec: replay instead of timing. Each prompt's greedy output is generated once,
+    /// then replayed against n-gram drafting at each longest draft k below the number of these
+    /// costs, the milliseconds a verify pass of 1, 2, ... tokens takes (as `verify-cost`
+    /// prints them): rounds, tokens a round, and the speed the costs give over plain decoding,
+    /// beside that of an oracle drafting only what will be accepted.
+    #[arg(
+        long,
+        requires = "spec",
+        value_delimiter = ',',
+        conflicts_with_all = ["draft", "draft_tokens", "fixed_draft", "temperature"]
+    )]
+    replay: Vec<f64>,
     /// Load a server through HTTP at each --concurrency level: aggregate tok/s and time to
     /// first token. It runs `lucebox serve --model M --draft D` (D: `none` unless --draft is
     /// given), or drives the server at --url.
@@ -154,6 +166,9 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !args.prompts.is_empty() && !args.spec {
         bail!("--prompts goes with --spec or --serve");
     }
+    if !args.replay.is_empty() {
+        crate::spec_replay::check_costs(&args.replay)?;
+    }
     let prompts = if args.spec {
         let prompts = crate::spec_bench::prompt_set(args.prompt_file.as_deref())?;
         crate::spec_bench::named_prompts(prompts, &args.prompts)?
@@ -179,6 +194,9 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     ))
 }
 
+/// The context of each sequence that --spec decodes: its prompts and outputs fit.
+const SPEC_CONTEXT: usize = 2048;
+
 /// Loads the model on `backend` and runs the benchmark `args` ask for (with --spec, over
 /// `prompts`, drafting as `policy` says).
 fn bench_on<B: Backend>(
@@ -199,6 +217,9 @@ fn bench_on<B: Backend>(
     params
         .validate()
         .context("--temperature, --top-p, --top-k")?;
+    if !args.replay.is_empty() {
+        return crate::spec_replay::run(&target, prompts, &args.replay, SPEC_CONTEXT, args.json);
+    }
     if args.spec {
         return crate::spec_bench::run(
             &target,
@@ -207,7 +228,7 @@ fn bench_on<B: Backend>(
                 draft: args.draft.as_deref(),
                 policy,
                 prompts,
-                context: 2048,
+                context: SPEC_CONTEXT,
                 repetitions: args.repetitions,
                 json: args.json,
             },
@@ -343,7 +364,6 @@ fn bench_on<B: Backend>(
     Ok(())
 }
 
-/// Sorts `runs` and returns their median.
 /// Tokens per second decoding `tokens` tokens one at a time from a fresh context after
 /// `first`, each drawn by `sampler` where the backend samples, or on the host (`on_host`: the
 /// logits copied back and drawn there).
@@ -368,6 +388,7 @@ fn decode_rate<B: Backend>(
     Ok(tokens as f64 / started.elapsed().as_secs_f64())
 }
 
+/// Sorts `runs` and returns their median.
 pub(crate) fn median(runs: &mut [f64]) -> f64 {
     runs.sort_by(f64::total_cmp);
     let n = runs.len();

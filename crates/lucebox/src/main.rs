@@ -12,6 +12,7 @@ mod pair;
 mod serve;
 mod serve_bench;
 mod spec_bench;
+mod spec_replay;
 mod toml_text;
 
 use clap::{Parser, Subcommand};

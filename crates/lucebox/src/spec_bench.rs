@@ -14,6 +14,7 @@ use lucebox_engine::{Generator, Sampler, SamplingParams, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
 
+use crate::bench::median;
 use crate::generate::{load_drafter, prompt_tokens};
 use lucebox_backend::Backend;
 
@@ -282,15 +283,9 @@ pub(crate) fn run<B: Backend>(target: &Loaded<B>, args: SpecBenchArgs<'_>) -> an
     Ok(())
 }
 
-/// The median of `values`, which it sorts.
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 /// Generation of up to `max_tokens` with `params`; the output, the seconds after the first
 /// token, and speculation's statistics.
-fn generate(
+pub(crate) fn generate(
     generator: &mut dyn Generator,
     prompt: &[u32],
     max_tokens: usize,

@@ -126,6 +126,14 @@ fn unknown_models_and_bad_flags_are_refused_before_any_work() {
         &["bench", "--model", "x", "--prompts", "a"],
         "--prompts goes with --spec or --serve",
     );
+    let mut replay = spec.to_vec();
+    replay.extend(["--replay", "40"]);
+    assert_one_line_error(
+        &replay,
+        "--replay: give the milliseconds of passes of 1 and 2",
+    );
+    replay.push("--replay=50,-1");
+    assert_one_line_error(&replay, "--replay: -1 is not the milliseconds of a pass");
     assert_one_line_error(&["fetch"], "--all");
     assert_one_line_error(&["fetch", "no-such-model"], "no-such-model");
     assert_one_line_error(
