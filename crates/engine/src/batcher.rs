@@ -18,10 +18,10 @@
 //! their drafts in the step's one pass: the drafted rows worth their share of the pass are
 //! chosen for the step as a whole, from the measured cost of passes by length and each
 //! sequence's acceptance, so a batch that already fills the machine drafts nothing. A
-//! stateless drafter (n-gram lookup) proposes for every sequence before the rows are chosen;
-//! a model drafter, which follows each sequence in its own pool of KV blocks, is told the
-//! rows first, and drafts them in passes that each draft a position of every sequence given
-//! that many, priced by their measured time.
+//! drafter that needs no catch-up (n-gram lookup) proposes for every sequence before the rows
+//! are chosen; a model drafter, which follows each sequence in its own pool of KV blocks, is
+//! told the rows first, and drafts them in passes that each draft a position of every
+//! sequence given that many, priced by their measured time.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -445,7 +445,7 @@ impl<B: Backend> Batcher<B> {
             Rivals::Batch { cutoff: 0.0 }
         };
         let allotted = !alone && matches!(spec.policy, DraftPolicy::Adaptive(_));
-        let proposes_first = spec.drafter.is_stateless();
+        let proposes_first = spec.drafter.proposes_first();
         let mut measuring_catch_up = false;
         for p in &mut self.plan {
             let seq = &mut self.running[p.index];
@@ -521,7 +521,7 @@ impl<B: Backend> Batcher<B> {
     /// length in plan order. Drafts already proposed are cut to their rows.
     fn choose_batch_rows(&mut self, room: usize, allotted: bool) {
         let spec = self.speculation.as_mut().expect("drafting");
-        let proposes_first = spec.drafter.is_stateless();
+        let proposes_first = spec.drafter.proposes_first();
         spec.chosen.clear();
         if allotted {
             let pass = Pass {

@@ -1,5 +1,6 @@
 //! What a drafter is, and the two the engine ships: a smaller model, and n-gram lookup.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -139,11 +140,11 @@ pub trait Drafter {
         let _ = sequence;
     }
 
-    /// Whether the drafter keeps nothing between calls (its `start` and `catch_up` do nothing,
-    /// and `propose` depends on its inputs alone, at a cost not worth pricing). A batch has
-    /// such a drafter propose for every sequence before choosing the rows its pass verifies;
-    /// a drafter that runs a model is told how many tokens each sequence gets first.
-    fn is_stateless(&self) -> bool {
+    /// Whether the drafter needs no catch-up (its `catch_up` does nothing) and proposes at a
+    /// cost not worth pricing, as a look-up in the sequence does. A batch has such a drafter
+    /// propose for every sequence before choosing the rows its pass verifies; a drafter that
+    /// runs a model is told how many tokens each sequence gets first.
+    fn proposes_first(&self) -> bool {
         false
     }
 
@@ -667,12 +668,16 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
 /// occurrence, and a draft that reached the next one unchanged would end there. Given the
 /// tokenizer's spelling ([`with_spelling`](Self::with_spelling)), it also reads the
 /// replacements of the copy as identifier renames ([`Renames`]) and drafts every spelling of
-/// a renamed name with the new one.
+/// a renamed name with the new one; and where a sequence ends in a new name, whose source has
+/// the old one, the suffix as the source spells it finds candidates too.
 #[derive(Clone, Debug, Default)]
 pub struct NgramDrafter {
     /// A sequence followed by its draft so far, when a call continues one.
     scratch: Vec<u32>,
     spelling: Option<Arc<dyn Spelling>>,
+    /// Per sequence, the renames of its latest look-up that learned any: the look-up that
+    /// ends in a new name needs them, and its suffix found no line-up to learn them from.
+    renamed: HashMap<u64, Renames>,
 }
 
 /// How many of the sequence's last tokens an earlier occurrence must repeat to be a candidate:
@@ -701,6 +706,10 @@ const ALIGNED_SPAN: usize = 64;
 /// a name of up to three tokens renamed to another.
 const REPLACED_RUN: usize = 3;
 
+/// How many matched tokens a replacement costs a line-up's score ([`Alignment::score`]): with
+/// one, any text would line up with any other through runs of chance matches one token long.
+const REPLACEMENT_PRICE: isize = 2;
+
 /// How many replacements a line-up crosses before it stops: more are text merely alike.
 const REPLACEMENTS: usize = 8;
 
@@ -723,11 +732,10 @@ struct Alignment {
 }
 
 impl Alignment {
-    /// How well the source explains the copy: each replacement must be paid for by two
-    /// matched tokens, or any text would line up with any other through runs of chance
-    /// matches one token long.
+    /// How well the source explains the copy: each replacement must be paid for by
+    /// [`REPLACEMENT_PRICE`] matched tokens.
     fn score(&self) -> isize {
-        self.matched as isize - 2 * self.replacements.len() as isize
+        self.matched as isize - REPLACEMENT_PRICE * self.replacements.len() as isize
     }
 }
 
@@ -736,44 +744,89 @@ impl NgramDrafter {
     /// tokens.
     pub fn with_spelling(spelling: Arc<dyn Spelling>) -> Self {
         Self {
-            scratch: Vec::new(),
             spelling: Some(spelling),
+            ..Self::default()
         }
     }
 
-    /// Proposes up to `max` tokens to follow `tokens` into `draft`.
-    fn look_up(&self, tokens: &[u32], max: usize, draft: &mut Draft) {
+    /// Proposes up to `max` tokens to follow `sequence`'s `tokens` into `draft`.
+    fn look_up(&mut self, sequence: u64, tokens: &[u32], max: usize, draft: &mut Draft) {
         if max == 0 || tokens.len() <= MATCHED_SUFFIX {
             return;
         }
         let suffix = &tokens[tokens.len() - MATCHED_SUFFIX..];
-        // Starts end before the suffix's own, so a continuation is never empty.
-        let mut candidates: Vec<usize> = (0..tokens.len() - MATCHED_SUFFIX)
-            .rev()
-            .filter(|&start| &tokens[start..start + MATCHED_SUFFIX] == suffix)
-            .take(CANDIDATES)
-            .map(|start| start + MATCHED_SUFFIX)
-            .collect();
-        if candidates.is_empty() {
-            candidates.extend(substituted_continuation(tokens));
-        }
-        // The candidates run latest first, and `min_by_key` keeps the first of equals.
-        let best = candidates
-            .into_iter()
-            .map(|continuation| align(tokens, continuation))
-            .min_by_key(|alignment| std::cmp::Reverse(alignment.score()));
+        let found = best_alignment(tokens, continuations(tokens, suffix));
+        // Renames learned from a line merely like the copy (a signature with other types)
+        // are chance, and so are the sources they find: one must explain the copy better
+        // than the suffix's own by more than a replacement's price.
+        let bar = found.as_ref().map_or(0, Alignment::score) + REPLACEMENT_PRICE;
+        let restored = self
+            .restored_suffix(sequence, tokens)
+            .and_then(|restored| best_alignment(tokens, continuations(tokens, &restored)))
+            .filter(|alignment| alignment.score() > bar);
+        let best = restored
+            .or(found)
+            .or_else(|| best_alignment(tokens, substituted_continuation(tokens)));
         let Some(alignment) = best else {
             return;
         };
-        let spelled = self.spelling.as_deref().map(|spelling| {
-            let renames = renames(tokens, alignment.continuation, spelling);
-            (spelling, renames)
-        });
-        let spelled = spelled
-            .as_ref()
-            .map(|(spelling, renames)| (*spelling, renames));
-        draft_continuation(tokens, alignment, max, spelled, draft);
+        let Some(spelling) = self.spelling.as_deref() else {
+            draft_continuation(tokens, alignment, max, None, draft);
+            return;
+        };
+        let renames = renames(tokens, alignment.continuation, spelling);
+        draft_continuation(tokens, alignment, max, Some((spelling, &renames)), draft);
+        if !renames.is_empty() {
+            self.renamed.insert(sequence, renames);
+        }
     }
+
+    /// The last [`MATCHED_SUFFIX`] tokens of `sequence`'s `tokens` spelled as their source
+    /// has them, when the sequence's renames renamed a name in its last
+    /// [`SUBSTITUTED_WINDOW`] tokens: ending in a new name, or just after one, the copy's
+    /// own suffix occurs only where the instruction names it or the copy wrote it before.
+    fn restored_suffix(&self, sequence: u64, tokens: &[u32]) -> Option<Vec<u32>> {
+        let spelling = self.spelling.as_deref()?;
+        let renames = self.renamed.get(&sequence)?;
+        let start = tokens.len().saturating_sub(SUBSTITUTED_WINDOW);
+        let text = text(spelling, &tokens[start..])?;
+        let continued_before =
+            start > 0 && joins_name(spelling.bytes(tokens[start - 1])?, text.as_bytes());
+        let restored = spelling.encode(&renames.restore(&text, continued_before)?);
+        let suffix = &restored[restored.len().checked_sub(MATCHED_SUFFIX)?..];
+        (suffix != &tokens[tokens.len() - MATCHED_SUFFIX..]).then(|| suffix.to_vec())
+    }
+}
+
+/// The line-up of the candidate whose source explains the copy best, the first of equals
+/// ([`continuations`] lists the latest first).
+fn best_alignment(
+    tokens: &[u32],
+    candidates: impl IntoIterator<Item = usize>,
+) -> Option<Alignment> {
+    candidates
+        .into_iter()
+        .map(|continuation| align(tokens, continuation))
+        .min_by_key(|alignment| std::cmp::Reverse(alignment.score()))
+}
+
+/// Where the continuations of the latest [`CANDIDATES`] earlier occurrences of `suffix`, which
+/// ends `tokens`, start; each before the suffix's own end, so none is empty.
+fn continuations(tokens: &[u32], suffix: &[u32]) -> Vec<usize> {
+    (0..tokens.len() - MATCHED_SUFFIX)
+        .rev()
+        .filter(|&start| tokens[start..].starts_with(suffix))
+        .take(CANDIDATES)
+        .map(|start| start + MATCHED_SUFFIX)
+        .collect()
+}
+
+/// Whether text ending in `before` and going on with `after` runs one identifier through the
+/// seam. A byte of a multibyte character counts as part of a name: such a name is left alone,
+/// not renamed.
+fn joins_name(before: &[u8], after: &[u8]) -> bool {
+    let is_name_byte = |b: &u8| !b.is_ascii() || is_name_char(char::from(*b));
+    before.last().is_some_and(is_name_byte) && after.first().is_some_and(is_name_byte)
 }
 
 /// The identifiers the copy ending the sequence renamed, read from its replacements over
@@ -787,20 +840,14 @@ fn renames(tokens: &[u32], continuation: usize, spelling: &dyn Spelling) -> Rena
     if alignment.score() <= 0 {
         return renames;
     }
-    let text = |run: &Range<usize>| {
-        let mut bytes = Vec::new();
-        for &token in &tokens[run.clone()] {
-            bytes.extend_from_slice(spelling.bytes(token)?);
-        }
-        String::from_utf8(bytes).ok()
-    };
     // A replacement at the very end may be a new name only partly written.
     for r in alignment
         .replacements
         .iter()
         .filter(|r| r.copy.end < tokens.len())
     {
-        if let (Some(source), Some(copy)) = (text(&r.source), text(&r.copy)) {
+        let spelled = |run: &Range<usize>| text(spelling, &tokens[run.clone()]);
+        if let (Some(source), Some(copy)) = (spelled(&r.source), spelled(&r.copy)) {
             renames.learn(&source, &copy);
         }
     }
@@ -887,7 +934,8 @@ fn resynchronisation(tokens: &[u32], source: usize, copy: usize) -> Option<(usiz
 
 /// Drafts up to `max` tokens of the source's continuation, each run a replacement took out of
 /// the source put as the copy has it instead (the longest run first, then the latest), and
-/// with `spelled`, each other token that holds a renamed identifier spelled with the new name.
+/// with `spelled`, each other token that holds a renamed identifier spelled with the new name,
+/// after the rest of a new name the copy ends partway through ([`rest_of_name`]).
 fn draft_continuation(
     tokens: &[u32],
     mut alignment: Alignment,
@@ -895,11 +943,14 @@ fn draft_continuation(
     spelled: Option<(&dyn Spelling, &Renames)>,
     draft: &mut Draft,
 ) {
+    let mut proposed = 0;
+    if let Some(rest) = spelled.and_then(|spelled| rest_of_name(tokens, &alignment, spelled)) {
+        proposed = push_fitting(draft, &rest, max);
+    }
     alignment
         .replacements
         .sort_by_key(|r| std::cmp::Reverse(r.source.len()));
     let mut at = alignment.continuation;
-    let mut proposed = 0;
     while proposed < max && at < tokens.len() {
         let replacement = alignment
             .replacements
@@ -916,13 +967,56 @@ fn draft_continuation(
                 None => (1, &tokens[at..=at]),
             },
         };
-        let fitting = &put[..put.len().min(max - proposed)];
-        for &token in fitting {
-            draft.push_certain(token);
-        }
-        proposed += fitting.len();
+        proposed += push_fitting(draft, put, max - proposed);
         at += taken;
     }
+}
+
+/// Drafts as many of `tokens` as `room` allows, and says how many.
+fn push_fitting(draft: &mut Draft, tokens: &[u32], room: usize) -> usize {
+    let fitting = &tokens[..tokens.len().min(room)];
+    for &token in fitting {
+        draft.push_certain(token);
+    }
+    fitting.len()
+}
+
+/// The rest of a renamed name that the copy ends partway through: where its latest
+/// replacement ends the sequence and took the source's run right before the continuation
+/// (`calc` by `total`), and that run renamed (`total_price`) is spelled with the copy's run
+/// first, the tokens after it (`_price`).
+fn rest_of_name(
+    tokens: &[u32],
+    alignment: &Alignment,
+    (spelling, renames): (&dyn Spelling, &Renames),
+) -> Option<Vec<u32>> {
+    let latest = alignment.replacements.first()?;
+    if latest.copy.end != tokens.len() || latest.source.end != alignment.continuation {
+        return None;
+    }
+    let source = text(spelling, &tokens[latest.source.clone()])?;
+    let continued_before = latest.source.start > 0
+        && joins_name(
+            spelling.bytes(tokens[latest.source.start - 1])?,
+            source.as_bytes(),
+        );
+    let continues_after = joins_name(
+        source.as_bytes(),
+        spelling.bytes(tokens[alignment.continuation])?,
+    );
+    let renamed = renames.apply(&source, continued_before, continues_after)?;
+    let renamed = spelling.encode(&renamed);
+    let rest = renamed.strip_prefix(&tokens[latest.copy.clone()])?;
+    (!rest.is_empty()).then(|| rest.to_vec())
+}
+
+/// The text `tokens` spell, if they spell whole characters.
+fn text(spelling: &dyn Spelling, tokens: &[u32]) -> Option<String> {
+    let mut bytes = Vec::new();
+    for &token in tokens {
+        bytes.extend_from_slice(spelling.bytes(token)?);
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// Token `at` spelled with its renamed identifiers, when it holds one whole.
@@ -941,14 +1035,8 @@ fn respell(
             .and_then(|&t| spelling.bytes(t))
             .unwrap_or_default()
     };
-    let name_at = |bytes: &[u8], end: bool| {
-        let byte = if end { bytes.last() } else { bytes.first() };
-        // A byte of a multibyte character counts as part of a name: left alone, not renamed.
-        byte.is_some_and(|&b| !b.is_ascii() || is_name_char(char::from(b)))
-    };
-    let continued_before =
-        at > 0 && name_at(text.as_bytes(), false) && name_at(neighbour(at - 1), true);
-    let continues_after = name_at(text.as_bytes(), true) && name_at(neighbour(at + 1), false);
+    let continued_before = at > 0 && joins_name(neighbour(at - 1), text.as_bytes());
+    let continues_after = joins_name(text.as_bytes(), neighbour(at + 1));
     let renamed = renames.apply(text, continued_before, continues_after)?;
     Some(spelling.encode(&renamed))
 }
@@ -985,24 +1073,32 @@ impl Drafter for NgramDrafter {
         "ngram"
     }
 
-    fn start(&mut self, _: u64, _: &SamplingParams) -> Result<(), Error> {
+    /// A sequence started again may be another text: renames learned from the old one would
+    /// mislead its look-ups, or let a repeated prompt draft faster than a new request would.
+    fn start(&mut self, sequence: u64, _: &SamplingParams) -> Result<(), Error> {
+        self.renamed.remove(&sequence);
         Ok(())
     }
 
-    fn is_stateless(&self) -> bool {
+    fn finish(&mut self, sequence: u64) {
+        self.renamed.remove(&sequence);
+    }
+
+    fn proposes_first(&self) -> bool {
         true
     }
 
     fn propose(&mut self, proposals: &mut [Proposal<'_>]) -> Result<(), Error> {
         for p in proposals {
+            let sequence = p.input.sequence;
             if p.draft.is_empty() {
-                self.look_up(p.input.tokens, p.max, p.draft);
+                self.look_up(sequence, p.input.tokens, p.max, p.draft);
             } else {
                 let mut scratch = std::mem::take(&mut self.scratch);
                 scratch.clear();
                 scratch.extend_from_slice(p.input.tokens);
                 scratch.extend_from_slice(p.draft.tokens());
-                self.look_up(&scratch, p.max, p.draft);
+                self.look_up(sequence, &scratch, p.max, p.draft);
                 self.scratch = scratch;
             }
         }
@@ -1127,6 +1223,55 @@ mod tests {
         // `xs_total` is another name: ` xs` followed by `_total` stays.
         let tokens = [0, 1, 2, 3, 4, 5, 9, 6, 0, 1, 7, 3, 4];
         assert_eq!(spelled_ngram(&tokens, 2), [5, 9]);
+    }
+
+    const EDIT: &[&str] = &[
+        "\n", "def", " calc", "(xs", "):\n", " pass", " return", " xs", " {", "calc", "}",
+        " total", "_price", "(items", " items", "total",
+    ];
+
+    #[test]
+    fn ngram_finds_the_source_of_a_new_name_by_the_old_one() {
+        // `\ndef calc(xs):\n pass\n pass\n return xs\n return {calc(xs)}\n` copied with
+        // `calc` renamed `total_price` and `xs` renamed `items`.
+        let source = [0, 1, 2, 3, 4, 5, 0, 5, 0, 6, 7, 0, 6, 8, 9, 3, 10, 0];
+        let copy = [0, 1, 11, 12, 13, 4, 5, 0, 5, 0, 6, 14, 0, 6];
+        let mut tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
+        let mut drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
+        let draft = |drafter: &mut NgramDrafter, tokens: &[u32], max: usize| {
+            let mut draft = Draft::default();
+            let proposal = Proposal {
+                input: DraftInput::new(7, tokens),
+                max,
+                draft: &mut draft,
+            };
+            drafter.propose(&mut [proposal]).unwrap();
+            draft.tokens().to_vec()
+        };
+        // ` {calc` drafted as ` {total_price`; the look-up learns both renames.
+        assert_eq!(draft(&mut drafter, &tokens, 3), [8, 15, 12]);
+        tokens.extend([8, 15, 12]);
+        // `total _price` occurs nowhere before, but `{calc` does, in the source: what
+        // follows it is `(xs)}`, renamed.
+        assert_eq!(draft(&mut drafter, &tokens, 2), [13, 10]);
+        let fresh = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
+        assert!(propose(fresh, &tokens, 2).is_empty());
+        // A finished or restarted sequence's renames are forgotten.
+        let mut restarted = drafter.clone();
+        restarted.start(7, &SamplingParams::default()).unwrap();
+        assert!(draft(&mut restarted, &tokens, 2).is_empty());
+        drafter.finish(7);
+        assert!(draft(&mut drafter, &tokens, 2).is_empty());
+    }
+
+    #[test]
+    fn ngram_completes_a_new_name_written_in_part() {
+        // As above, with the copy ending in ` {total`: `_price` comes first.
+        let source = [0, 1, 2, 3, 4, 5, 0, 5, 0, 6, 7, 0, 6, 8, 9, 3, 10, 0];
+        let copy = [0, 1, 11, 12, 13, 4, 5, 0, 5, 0, 6, 14, 0, 6, 8, 15];
+        let tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
+        let drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
+        assert_eq!(propose(drafter, &tokens, 2), [12, 13]);
     }
 
     #[test]

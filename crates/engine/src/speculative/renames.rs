@@ -34,7 +34,7 @@ impl fmt::Debug for dyn Spelling {
 }
 
 /// Identifier renames, old name to new, the first learned of each old name kept.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Renames(Vec<(String, String)>);
 
 impl Renames {
@@ -77,24 +77,49 @@ impl Renames {
         continued_before: bool,
         continues_after: bool,
     ) -> Option<String> {
+        self.respelled(text, continued_before, continues_after, |(old, new)| {
+            (old, new)
+        })
+    }
+
+    /// `text`, which ends a sequence, with each new name spelled as the name it replaced, if
+    /// it holds one: what the copy's source reads where the copy wrote it.
+    pub(crate) fn restore(&self, text: &str, continued_before: bool) -> Option<String> {
+        self.respelled(text, continued_before, false, |(old, new)| (new, old))
+    }
+
+    /// `text` with each whole identifier that is the first of a rename's (`from`, `to`),
+    /// as `direction` orders its old and new names, spelled as the second.
+    fn respelled<'a>(
+        &'a self,
+        text: &str,
+        continued_before: bool,
+        continues_after: bool,
+        direction: impl Fn((&'a str, &'a str)) -> (&'a str, &'a str),
+    ) -> Option<String> {
         let runs = runs(text);
         let last = runs.len().checked_sub(1)?;
-        let mut renamed = String::with_capacity(text.len());
+        let mut respelled = String::with_capacity(text.len());
         let mut changed = false;
         for (i, (is_name, run)) in runs.into_iter().enumerate() {
             let partial = (i == 0 && continued_before) || (i == last && continues_after);
-            let new = (is_name && !partial)
-                .then(|| self.0.iter().find(|(old, _)| old == run))
+            let to = (is_name && !partial)
+                .then(|| {
+                    self.0
+                        .iter()
+                        .map(|(old, new)| direction((old.as_str(), new.as_str())))
+                        .find_map(|(from, to)| (from == run).then_some(to))
+                })
                 .flatten();
-            match new {
-                Some((_, new)) => {
-                    renamed.push_str(new);
+            match to {
+                Some(to) => {
+                    respelled.push_str(to);
                     changed = true;
                 }
-                None => renamed.push_str(run),
+                None => respelled.push_str(run),
             }
         }
-        changed.then_some(renamed)
+        changed.then_some(respelled)
     }
 }
 
@@ -167,6 +192,20 @@ mod tests {
             renames.apply(" xs.", false, true).as_deref(),
             Some(" items.")
         );
+    }
+
+    #[test]
+    fn a_restored_text_spells_new_names_as_the_old_ones() {
+        let renames = learned(&[(" calc", " total_price"), ("(xs", "(items")]);
+        assert_eq!(
+            renames
+                .restore("Total: {total_price(items", false)
+                .as_deref(),
+            Some("Total: {calc(xs")
+        );
+        // An end carried on by the token before is part of a longer name.
+        assert_eq!(renames.restore("items):", true), None);
+        assert_eq!(renames.restore(" calc(xs", false), None);
     }
 
     #[test]
