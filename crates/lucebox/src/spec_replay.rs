@@ -1,20 +1,22 @@
 //! `lucebox bench --spec --replay COSTS`: how fast n-gram drafting could decode the prompt set,
 //! from each prompt's plain greedy output and the measured cost of verify passes.
 //!
-//! Each prompt's output is generated once, then replayed against [`NgramDrafter`] at every
-//! longest draft k the costs price: at each round the drafter proposes up to k tokens for the
-//! output so far, the round keeps those equal to the output and one more token, and costs a pass
-//! over the draft and the pending token. Beside the speed those costs give over plain decoding
-//! stands an oracle that drafts only the tokens that will be accepted: what any control of the
-//! draft length could reach with this drafter, at most k tokens a round. No model runs during
-//! the replay, so a change to the drafter is measured in seconds, without the noise of timing.
+//! Each prompt's output is generated once, then replayed ([`replay`]) against [`NgramDrafter`]
+//! at every fixed longest draft k the costs price, and with the engine's adaptive draft length
+//! up to the longest: at each round the drafter proposes tokens for the output so far, the
+//! round keeps those equal to the output and one more token, and costs a pass over the draft and
+//! the pending token. Beside the speed those costs give over plain decoding stands an oracle
+//! that drafts only the tokens that will be accepted: what any control of the draft length
+//! could reach with those drafts. The adaptive control measures the given costs as it would the
+//! target's, across the prompts in turn as one speculator does. No model runs during the
+//! replay, so a change to the drafter or to the control is measured in seconds, without the
+//! noise of timing.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use lucebox_backend::Backend;
-use lucebox_engine::speculative::{Draft, DraftInput, Drafter, NgramDrafter, Proposal};
+use lucebox_engine::speculative::{DraftPolicy, MAX_DRAFT, NgramDrafter, PairCosts, replay};
 use lucebox_engine::{SamplingParams, Session, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::Serialize;
@@ -23,10 +25,12 @@ use crate::generate::prompt_tokens;
 use crate::load::Loaded;
 use crate::spec_bench::{BenchPrompt, generate};
 
-/// The outcome of replaying one output at one longest draft.
+/// The outcome of replaying one output with one draft policy.
 #[derive(Serialize)]
 struct Replay {
     prompt: String,
+    /// `fixed` or `adaptive`.
+    policy: &'static str,
     max_draft: usize,
     tokens: usize,
     rounds: usize,
@@ -68,16 +72,38 @@ pub(crate) fn run<B: Backend>(
     };
     let mut session = Session::new(Arc::clone(&target.model), config)?;
     let greedy = SamplingParams::default();
+    let pass_seconds: Vec<f64> = pass_ms.iter().map(|ms| ms / 1e3).collect();
+    let longest = (pass_ms.len() - 1).min(MAX_DRAFT);
+    let mut adaptive_costs = PairCosts::with_passes(&pass_seconds);
     let mut replays = Vec::new();
     for prompt in prompts {
         let input = prompt_tokens(target, &tokenizer, &prompt.text, prompt.chat, None)
             .with_context(|| format!("prompt {}", prompt.name))?;
         let (output, ..) = generate(&mut session, &input, prompt.max_tokens, &greedy, &tokenizer)?;
-        for max_draft in 1..pass_ms.len() {
-            let drafter = NgramDrafter::with_spelling(Arc::clone(&tokenizer) as _);
-            replays.push(replay(
-                drafter, prompt, &input, &output, max_draft, pass_ms,
-            )?);
+        let policies = (1..=longest)
+            .map(|k| ("fixed", k, DraftPolicy::Fixed(k)))
+            .chain([("adaptive", longest, DraftPolicy::Adaptive(longest))]);
+        for (policy_name, max_draft, policy) in policies {
+            let mut fixed_costs = PairCosts::with_passes(&pass_seconds);
+            let costs = match policy {
+                DraftPolicy::Fixed(_) => &mut fixed_costs,
+                DraftPolicy::Adaptive(_) => &mut adaptive_costs,
+            };
+            let mut drafter = NgramDrafter::with_spelling(Arc::clone(&tokenizer) as _);
+            let r = replay(&mut drafter, policy, costs, &input, &output, &pass_seconds)?;
+            let plain = output.len() as f64 * pass_seconds[0];
+            replays.push(Replay {
+                prompt: prompt.name.clone(),
+                policy: policy_name,
+                max_draft,
+                tokens: output.len(),
+                rounds: r.rounds,
+                drafted: r.drafted,
+                accepted: r.accepted,
+                ratio_to_plain: plain / r.seconds,
+                oracle_ratio_to_plain: plain / r.oracle_seconds,
+                look_up_us: r.proposing.as_secs_f64() * 1e6 / r.rounds as f64,
+            });
         }
     }
     if json {
@@ -95,8 +121,9 @@ pub(crate) fn run<B: Backend>(
         target.label
     );
     println!(
-        "{:<16} {:>3} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8}",
+        "{:<16} {:<8} {:>3} {:>7} {:>7} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8}",
         "prompt",
+        "policy",
         "k",
         "tokens",
         "rounds",
@@ -109,8 +136,9 @@ pub(crate) fn run<B: Backend>(
     );
     for r in &replays {
         println!(
-            "{:<16} {:>3} {:>7} {:>7} {:>8.2} {:>8} {:>8} {:>7.2} {:>7.2} {:>8.1}",
+            "{:<16} {:<8} {:>3} {:>7} {:>7} {:>8.2} {:>8} {:>8} {:>7.2} {:>7.2} {:>8.1}",
             r.prompt,
+            r.policy,
             r.max_draft,
             r.tokens,
             r.rounds,
@@ -123,57 +151,4 @@ pub(crate) fn run<B: Backend>(
         );
     }
     Ok(())
-}
-
-/// Replays `output`, generated after `input`, against `drafter` drafting at most `max_draft`
-/// tokens a round.
-fn replay(
-    mut drafter: NgramDrafter,
-    prompt: &BenchPrompt,
-    input: &[u32],
-    output: &[u32],
-    max_draft: usize,
-    pass_ms: &[f64],
-) -> anyhow::Result<Replay> {
-    let mut sequence = input.to_vec();
-    let (mut rounds, mut drafted, mut accepted) = (0, 0, 0);
-    let (mut ms, mut oracle_ms) = (0.0, 0.0);
-    let mut look_up = Duration::ZERO;
-    let mut at = 0;
-    while at < output.len() {
-        sequence.truncate(input.len());
-        sequence.extend_from_slice(&output[..at]);
-        let mut draft = Draft::default();
-        let started = Instant::now();
-        drafter.propose(&mut [Proposal {
-            input: DraftInput::new(0, &sequence),
-            max: max_draft,
-            draft: &mut draft,
-        }])?;
-        look_up += started.elapsed();
-        let proposed = draft.tokens();
-        let kept = proposed
-            .iter()
-            .zip(&output[at..])
-            .take_while(|(proposed, wanted)| proposed == wanted)
-            .count();
-        rounds += 1;
-        drafted += proposed.len();
-        accepted += kept;
-        ms += pass_ms[proposed.len()];
-        oracle_ms += pass_ms[kept];
-        at += kept + 1;
-    }
-    let plain_ms = output.len() as f64 * pass_ms[0];
-    Ok(Replay {
-        prompt: prompt.name.clone(),
-        max_draft,
-        tokens: output.len(),
-        rounds,
-        drafted,
-        accepted,
-        ratio_to_plain: plain_ms / ms,
-        oracle_ratio_to_plain: plain_ms / oracle_ms,
-        look_up_us: look_up.as_secs_f64() * 1e6 / rounds as f64,
-    })
 }

@@ -39,6 +39,7 @@ mod adaptive;
 mod batch;
 mod drafter;
 mod renames;
+mod replay;
 mod stats;
 
 use std::ops::ControlFlow;
@@ -54,6 +55,7 @@ pub use drafter::{
     Draft, DraftInput, Drafter, DrafterConfig, ModelDrafter, NgramDrafter, Proposal,
 };
 pub use renames::Spelling;
+pub use replay::{Replayed, replay};
 pub use stats::SpecStats;
 
 use crate::session::TokenSink;
