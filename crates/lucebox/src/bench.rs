@@ -91,6 +91,10 @@ pub(crate) struct BenchArgs {
         conflicts_with_all = ["draft", "draft_tokens", "fixed_draft", "temperature"]
     )]
     replay: Vec<f64>,
+    /// With --replay: print to stderr each round of the longest fixed length that fell short,
+    /// with the output around it, to see where the drafter goes wrong.
+    #[arg(long, requires = "replay")]
+    replay_trace: bool,
     /// Load a server through HTTP at each --concurrency level: aggregate tok/s and time to
     /// first token. It runs `lucebox serve --model M --draft D` (D: `none` unless --draft is
     /// given), or drives the server at --url.
@@ -218,7 +222,14 @@ fn bench_on<B: Backend>(
         .validate()
         .context("--temperature, --top-p, --top-k")?;
     if !args.replay.is_empty() {
-        return crate::spec_replay::run(&target, prompts, &args.replay, SPEC_CONTEXT, args.json);
+        return crate::spec_replay::run(
+            &target,
+            prompts,
+            &args.replay,
+            SPEC_CONTEXT,
+            args.replay_trace,
+            args.json,
+        );
     }
     if args.spec {
         return crate::spec_bench::run(

@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use lucebox_backend::Backend;
-use lucebox_engine::speculative::{DraftPolicy, MAX_DRAFT, NgramDrafter, PairCosts, replay};
+use lucebox_engine::speculative::{
+    DraftPolicy, MAX_DRAFT, NgramDrafter, PairCosts, ShortRound, replay,
+};
 use lucebox_engine::{SamplingParams, Session, SessionConfig};
 use lucebox_tokenizer::Tokenizer;
 use serde::Serialize;
@@ -57,12 +59,14 @@ pub(crate) fn check_costs(pass_ms: &[f64]) -> anyhow::Result<()> {
 }
 
 /// Replays greedy outputs of `prompts` against the n-gram drafter, priced by `pass_ms`
-/// ([`check_costs`]).
+/// ([`check_costs`]); with `trace`, prints to stderr each round of the longest fixed length that
+/// fell short.
 pub(crate) fn run<B: Backend>(
     target: &Loaded<B>,
     prompts: &[BenchPrompt],
     pass_ms: &[f64],
     context: usize,
+    trace: bool,
     json: bool,
 ) -> anyhow::Result<()> {
     let tokenizer = Arc::new(Tokenizer::from_gguf(target.file.metadata()).context("tokenizer")?);
@@ -91,6 +95,9 @@ pub(crate) fn run<B: Backend>(
             };
             let mut drafter = NgramDrafter::with_spelling(Arc::clone(&tokenizer) as _);
             let r = replay(&mut drafter, policy, costs, &input, &output, &pass_seconds)?;
+            if trace && policy == DraftPolicy::Fixed(longest) {
+                print_short_rounds(&prompt.name, &r.short_rounds, &output, &tokenizer);
+            }
             let plain = output.len() as f64 * pass_seconds[0];
             replays.push(Replay {
                 prompt: prompt.name.clone(),
@@ -152,3 +159,37 @@ pub(crate) fn run<B: Backend>(
     }
     Ok(())
 }
+
+/// Prints `rounds` of the replay of `prompt`'s `output`, each with the output's tokens before
+/// it and after it beside the draft.
+fn print_short_rounds(prompt: &str, rounds: &[ShortRound], output: &[u32], tokenizer: &Tokenizer) {
+    let spell = |tokens: &[u32]| {
+        let spelled: Vec<String> = tokens
+            .iter()
+            .map(|&t| {
+                format!(
+                    "{:?}",
+                    String::from_utf8_lossy(tokenizer.token_bytes(t).unwrap_or_default())
+                )
+            })
+            .collect();
+        spelled.join("|")
+    };
+    for r in rounds {
+        let before = &output[r.at.saturating_sub(SHOWN_BEFORE)..r.at];
+        let after = &output[r.at..(r.at + r.asked + 1).min(output.len())];
+        eprintln!(
+            "{prompt} @{}: after [{}] drafted {} of {} [{}], {} accepted; the output [{}]",
+            r.at,
+            spell(before),
+            r.drafted.len(),
+            r.asked,
+            spell(&r.drafted),
+            r.accepted,
+            spell(after),
+        );
+    }
+}
+
+/// The output tokens a traced round shows before itself.
+const SHOWN_BEFORE: usize = 6;

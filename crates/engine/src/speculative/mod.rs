@@ -55,7 +55,7 @@ pub use drafter::{
     Draft, DraftInput, Drafter, DrafterConfig, ModelDrafter, NgramDrafter, Proposal,
 };
 pub use renames::Spelling;
-pub use replay::{Replayed, replay};
+pub use replay::{Replayed, ShortRound, replay};
 pub use stats::SpecStats;
 
 use crate::session::TokenSink;

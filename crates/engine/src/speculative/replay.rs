@@ -26,6 +26,21 @@ pub struct Replayed {
     pub oracle_seconds: f64,
     /// The drafter's time proposing.
     pub proposing: Duration,
+    /// The rounds that fell short: fewer tokens accepted than the policy asked for.
+    pub short_rounds: Vec<ShortRound>,
+}
+
+/// A round of a replay that fell short.
+#[derive(Clone, Debug)]
+pub struct ShortRound {
+    /// How many output tokens came before it.
+    pub at: usize,
+    /// The draft length the policy asked for.
+    pub asked: usize,
+    /// What the drafter proposed.
+    pub drafted: Vec<u32>,
+    /// How many of those the output has next.
+    pub accepted: usize,
 }
 
 impl PairCosts {
@@ -104,6 +119,14 @@ pub fn replay(
         replayed.seconds += pass_seconds[round.drafted];
         replayed.oracle_seconds += pass_seconds[accepted];
         replayed.proposing += drafting_time.propose;
+        if accepted < k {
+            replayed.short_rounds.push(ShortRound {
+                at,
+                asked: k,
+                drafted: draft.tokens().to_vec(),
+                accepted,
+            });
+        }
         sequence.extend_from_slice(&output[at..=at + accepted]);
         at += accepted + 1;
     }
@@ -140,6 +163,9 @@ mod tests {
         assert_eq!((r.rounds, r.drafted, r.accepted), (3, 5, 4));
         assert_eq!(r.seconds, 2.5 + 2.0 + 1.0);
         assert_eq!(r.oracle_seconds, 2.5 + 1.5 + 1.0);
+        let short: Vec<_> = r.short_rounds.iter().map(|s| (s.at, s.asked)).collect();
+        assert_eq!(short, [(4, 2)]);
+        assert_eq!(r.short_rounds[0].drafted, [7, 8]);
         let too_long = replay(
             &mut drafter,
             DraftPolicy::Fixed(4),
