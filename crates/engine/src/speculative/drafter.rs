@@ -1111,14 +1111,14 @@ mod tests {
     use super::*;
 
     fn ngram(tokens: &[u32], max: usize) -> Vec<u32> {
-        propose(NgramDrafter::default(), tokens, max)
+        propose(&mut NgramDrafter::default(), 0, tokens, max)
     }
 
-    /// What `drafter` proposes, at most `max` tokens, to follow `tokens`.
-    fn propose(mut drafter: NgramDrafter, tokens: &[u32], max: usize) -> Vec<u32> {
+    /// What `drafter` proposes, at most `max` tokens, to follow `sequence`'s `tokens`.
+    fn propose(drafter: &mut NgramDrafter, sequence: u64, tokens: &[u32], max: usize) -> Vec<u32> {
         let mut draft = Draft::default();
         let proposal = Proposal {
-            input: DraftInput::new(0, tokens),
+            input: DraftInput::new(sequence, tokens),
             max,
             draft: &mut draft,
         };
@@ -1206,11 +1206,8 @@ mod tests {
     ];
 
     fn spelled_ngram(tokens: &[u32], max: usize) -> Vec<u32> {
-        propose(
-            NgramDrafter::with_spelling(Arc::new(Vocabulary(CODE))),
-            tokens,
-            max,
-        )
+        let mut drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(CODE)));
+        propose(&mut drafter, 0, tokens, max)
     }
 
     #[test]
@@ -1238,24 +1235,16 @@ mod tests {
         let copy = [0, 1, 11, 12, 13, 4, 5, 0, 5, 0, 6, 14, 0, 6];
         let mut tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
         let mut drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
-        let draft = |drafter: &mut NgramDrafter, tokens: &[u32], max: usize| {
-            let mut draft = Draft::default();
-            let proposal = Proposal {
-                input: DraftInput::new(7, tokens),
-                max,
-                draft: &mut draft,
-            };
-            drafter.propose(&mut [proposal]).unwrap();
-            draft.tokens().to_vec()
-        };
+        let draft =
+            |drafter: &mut NgramDrafter, tokens: &[u32], max| propose(drafter, 7, tokens, max);
         // ` {calc` drafted as ` {total_price`; the look-up learns both renames.
         assert_eq!(draft(&mut drafter, &tokens, 3), [8, 15, 12]);
         tokens.extend([8, 15, 12]);
         // `total _price` occurs nowhere before, but `{calc` does, in the source: what
         // follows it is `(xs)}`, renamed.
         assert_eq!(draft(&mut drafter, &tokens, 2), [13, 10]);
-        let fresh = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
-        assert!(propose(fresh, &tokens, 2).is_empty());
+        let mut fresh = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
+        assert!(draft(&mut fresh, &tokens, 2).is_empty());
         // A finished or restarted sequence's renames are forgotten.
         let mut restarted = drafter.clone();
         restarted.start(7, &SamplingParams::default()).unwrap();
@@ -1270,8 +1259,8 @@ mod tests {
         let source = [0, 1, 2, 3, 4, 5, 0, 5, 0, 6, 7, 0, 6, 8, 9, 3, 10, 0];
         let copy = [0, 1, 11, 12, 13, 4, 5, 0, 5, 0, 6, 14, 0, 6, 8, 15];
         let tokens: Vec<u32> = source.iter().chain(&copy).copied().collect();
-        let drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
-        assert_eq!(propose(drafter, &tokens, 2), [12, 13]);
+        let mut drafter = NgramDrafter::with_spelling(Arc::new(Vocabulary(EDIT)));
+        assert_eq!(propose(&mut drafter, 0, &tokens, 2), [12, 13]);
     }
 
     #[test]
