@@ -131,8 +131,9 @@ pub trait Drafter {
     /// A short name for statistics and logs.
     fn kind(&self) -> &'static str;
 
-    /// Starts following `sequence`, sampled with `params`. A sequence started before keeps
-    /// what the drafter holds for it: the next proposal reuses whatever prefix it shares.
+    /// Starts following `sequence`, sampled with `params`. A sequence started before may keep
+    /// what the drafter holds for it: a model drafter's next proposal reuses whatever prefix
+    /// it shares, while the n-gram drafter forgets what it learned from the old text.
     fn start(&mut self, sequence: u64, params: &SamplingParams) -> Result<(), Error>;
 
     /// Forgets `sequence`, which has ended, and frees what the drafter kept for it.
