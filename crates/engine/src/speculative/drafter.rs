@@ -668,7 +668,7 @@ impl<B: Backend> Drafter for ModelDrafter<B> {
 /// with the copy's replacements applied: an edit that renames something replaces every
 /// occurrence, and a draft that reached the next one unchanged would end there. Given the
 /// tokenizer's spelling ([`with_spelling`](Self::with_spelling)), it also reads the
-/// replacements of the copy as identifier renames ([`Renames`]) and drafts every spelling of
+/// replacements of the copy as identifier renames and drafts every spelling of
 /// a renamed name with the new one; and where a sequence ends in a new name, whose source has
 /// the old one, the suffix as the source spells it finds candidates too.
 #[derive(Clone, Debug, Default)]
