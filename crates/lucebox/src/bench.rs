@@ -80,8 +80,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, requires = "spec")]
     fixed_draft: bool,
     /// With --spec: replay instead of timing. Each prompt's greedy output is generated once,
-    /// then replayed against n-gram drafting at each longest draft k below the number of these
-    /// costs, the milliseconds a verify pass of 1, 2, ... tokens takes (as `verify-cost`
+    /// then replayed against n-gram drafting at each fixed longest draft k below the number of
+    /// these costs (at most 16), and with the adaptive draft length up to the longest; the
+    /// costs are the milliseconds a verify pass of 1, 2, ... tokens takes (as `verify-cost`
     /// prints them): rounds, tokens a round, and the speed the costs give over plain decoding,
     /// beside that of an oracle drafting only what will be accepted.
     #[arg(

@@ -35,9 +35,9 @@ struct Replay {
     policy: &'static str,
     max_draft: usize,
     tokens: usize,
-    rounds: usize,
-    drafted: usize,
-    accepted: usize,
+    rounds: u64,
+    drafted: u64,
+    accepted: u64,
     /// Plain decoding's cost over the rounds' passes.
     ratio_to_plain: f64,
     /// The same for an oracle that drafts only the tokens that will be accepted.
@@ -104,12 +104,12 @@ pub(crate) fn run<B: Backend>(
                 policy: policy_name,
                 max_draft,
                 tokens: output.len(),
-                rounds: r.rounds,
-                drafted: r.drafted,
-                accepted: r.accepted,
-                ratio_to_plain: plain / r.seconds,
+                rounds: r.rounds(),
+                drafted: r.stats.drafted_tokens(),
+                accepted: r.stats.accepted_tokens(),
+                ratio_to_plain: plain / r.seconds(),
                 oracle_ratio_to_plain: plain / r.oracle_seconds,
-                look_up_us: r.proposing.as_secs_f64() * 1e6 / r.rounds as f64,
+                look_up_us: r.stats.draft_time.as_secs_f64() * 1e6 / r.rounds() as f64,
             });
         }
     }

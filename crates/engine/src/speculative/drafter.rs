@@ -841,13 +841,13 @@ fn renames(tokens: &[u32], continuation: usize, spelling: &dyn Spelling) -> Rena
     if alignment.score() <= 0 {
         return renames;
     }
+    let spelled = |run: &Range<usize>| text(spelling, &tokens[run.clone()]);
     // A replacement at the very end may be a new name only partly written.
     for r in alignment
         .replacements
         .iter()
         .filter(|r| r.copy.end < tokens.len())
     {
-        let spelled = |run: &Range<usize>| text(spelling, &tokens[run.clone()]);
         if let (Some(source), Some(copy)) = (spelled(&r.source), spelled(&r.copy)) {
             renames.learn(&source, &copy);
         }

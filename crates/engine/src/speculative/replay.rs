@@ -13,21 +13,26 @@ use crate::{Error, SamplingParams};
 /// What replaying one output gave.
 #[derive(Clone, Debug, Default)]
 pub struct Replayed {
-    /// Rounds, plain steps included: verify passes.
-    pub rounds: usize,
-    /// Tokens drafted, over all rounds.
-    pub drafted: usize,
-    /// Drafted tokens accepted.
-    pub accepted: usize,
-    /// Seconds of the rounds' passes.
-    pub seconds: f64,
+    /// The rounds as a speculator counts them; their verify time is the given costs' and
+    /// their drafting time the drafter's real one.
+    pub stats: SpecStats,
     /// Seconds of the passes had each round drafted only the tokens that were accepted: what
     /// any control of the draft length could reach with these drafts.
     pub oracle_seconds: f64,
-    /// The drafter's time proposing.
-    pub proposing: Duration,
     /// The rounds that fell short: fewer tokens accepted than the policy asked for.
     pub short_rounds: Vec<ShortRound>,
+}
+
+impl Replayed {
+    /// Rounds, plain steps included: verify passes.
+    pub fn rounds(&self) -> u64 {
+        self.stats.speculative_rounds + self.stats.plain_steps
+    }
+
+    /// Seconds of the rounds' passes.
+    pub fn seconds(&self) -> f64 {
+        self.stats.verify_time.as_secs_f64()
+    }
 }
 
 /// A round of a replay that fell short.
@@ -85,7 +90,6 @@ pub fn replay(
     }
     drafter.start(SPECULATOR_SEQUENCE, &SamplingParams::default())?;
     let mut drafting = SequenceDrafting::new(SPECULATOR_SEQUENCE, policy, costs);
-    let mut spec = SpecStats::default();
     let mut draft = Draft::default();
     let mut sequence = input.to_vec();
     let mut replayed = Replayed::default();
@@ -112,13 +116,9 @@ pub fn replay(
             recorded_a_pass: false,
         };
         round.price_own_pass(costs);
-        round.record(k, &mut spec, &mut drafting.control, costs, Rivals::None);
-        replayed.rounds += 1;
-        replayed.drafted += round.drafted;
-        replayed.accepted += accepted;
-        replayed.seconds += pass_seconds[round.drafted];
+        let stats = &mut replayed.stats;
+        round.record(k, stats, &mut drafting.control, costs, Rivals::None);
         replayed.oracle_seconds += pass_seconds[accepted];
-        replayed.proposing += drafting_time.propose;
         if accepted < k {
             replayed.short_rounds.push(ShortRound {
                 at,
@@ -160,8 +160,13 @@ mod tests {
         .unwrap();
         // 3 4 5 drafted and kept, 6 added; 7 8 drafted (no more: three tokens remain), 7
         // kept and 9 added; the last 9 a plain step.
-        assert_eq!((r.rounds, r.drafted, r.accepted), (3, 5, 4));
-        assert_eq!(r.seconds, 2.5 + 2.0 + 1.0);
+        let counts = (
+            r.rounds(),
+            r.stats.drafted_tokens(),
+            r.stats.accepted_tokens(),
+        );
+        assert_eq!(counts, (3, 5, 4));
+        assert_eq!(r.seconds(), 2.5 + 2.0 + 1.0);
         assert_eq!(r.oracle_seconds, 2.5 + 1.5 + 1.0);
         let short: Vec<_> = r.short_rounds.iter().map(|s| (s.at, s.asked)).collect();
         assert_eq!(short, [(4, 2)]);
